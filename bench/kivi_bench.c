@@ -1,0 +1,305 @@
+/* kivi-bench: decode-step time of the fused KIVI attention against our own fp16 path in the
+ * same run, append/quantize throughput, and the memory table.
+ *
+ *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
+ *
+ * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
+ * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
+ * memory (no transfers): 3 warm-up calls, `reps` timed calls, median wall time per call (each
+ * call is synchronous, so this is the GPU time as a caller sees it, launch overhead included).
+ * bytes_read is what the step must read: the packed cache of the batch (codes, scales/zeros,
+ * fp16 residuals).  rel_err_vs_ref compares sequence 0 with a double-precision reference on
+ * the dequantized cache.  --quick: small shapes for CI on the host. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../tests/ref/kivi_ref.h"
+#include "kivi.h"
+
+#define TRY(call)                                                                          \
+  do {                                                                                     \
+    kivi_status st_ = (call);                                                              \
+    if (st_ != KIVI_OK) {                                                                  \
+      fprintf(stderr, "kivi-bench: %s: %s (line %d)\n", #call, kivi_status_string(st_), __LINE__); \
+      exit(1);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static uint64_t rng = 12345;
+static float urand(void) { /* [-1, 1) */
+  rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+  return (float)((double)(rng >> 11) / 4503599627370496.0 - 1.0);
+}
+
+typedef struct shape { int B, H, S; } shape;
+
+static kivi_context *ctx;
+static int on_gpu, reps = 20;
+
+/* Fills B sequences of S tokens (fp16 input from device memory, 4096-token chunks of random
+ * data reused along the sequence) and returns the cache.  k0/v0 receive sequence 0's tokens. */
+static kivi_cache *fill(int B, int H, int D, int S, int kb, int vb, float **k0, float **v0) {
+  kivi_cache_config cfg;
+  kivi_cache_config_init(&cfg, 1, H, D, B, S);
+  cfg.k_bits = kb;
+  cfg.v_bits = vb;
+  kivi_cache *c = NULL;
+  TRY(kivi_cache_create(ctx, &cfg, &c));
+  const int chunk = S < 4096 ? S : 4096;
+  const size_t n = (size_t)chunk * H * D;
+  float *kf = malloc(n * 4), *vf = malloc(n * 4);
+  uint16_t *kh = malloc(n * 2), *vh = malloc(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    kf[i] = ref_round_f16(urand() * ((i % D) == 3 ? 8.0f : 1.0f));
+    vf[i] = ref_round_f16(urand() + 0.25f * (float)((i % D) % 5));
+    kh[i] = ref_f16(kf[i]);
+    vh[i] = ref_f16(vf[i]);
+  }
+  void *dk, *dv;
+  TRY(kivi_context_alloc(ctx, n * 2, &dk));
+  TRY(kivi_context_alloc(ctx, n * 2, &dv));
+  TRY(kivi_context_upload(ctx, dk, kh, n * 2));
+  TRY(kivi_context_upload(ctx, dv, vh, n * 2));
+  if (k0) {
+    *k0 = malloc((size_t)S * H * D * 4);
+    *v0 = malloc((size_t)S * H * D * 4);
+  }
+  for (int s = 0; s < B; ++s)
+    for (int p = 0; p < S; p += chunk) {
+      const int m = S - p < chunk ? S - p : chunk;
+      TRY(kivi_cache_append(c, 0, 1, &s, &m, dk, dv, KIVI_F16, KIVI_MEM_DEVICE));
+      if (k0 && s == 0) {
+        memcpy(*k0 + (size_t)p * H * D, kf, (size_t)m * H * D * 4);
+        memcpy(*v0 + (size_t)p * H * D, vf, (size_t)m * H * D * 4);
+      }
+    }
+  kivi_context_free(ctx, dk);
+  kivi_context_free(ctx, dv);
+  free(kf); free(vf); free(kh); free(vh);
+  return c;
+}
+
+/* Median seconds per decode call; out (host) gets the result of the last call. */
+static double time_decode(kivi_cache *c, int B, int HQ, int D, const float *q, float *out) {
+  int *ids = malloc(sizeof(int) * B);
+  for (int i = 0; i < B; ++i) ids[i] = i;
+  const size_t qn = (size_t)B * HQ * D;
+  void *dq, *dout;
+  TRY(kivi_context_alloc(ctx, qn * 4, &dq));
+  TRY(kivi_context_alloc(ctx, qn * 4, &dout));
+  TRY(kivi_context_upload(ctx, dq, q, qn * 4));
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int i = 0; i < 3; ++i)
+    TRY(kivi_attention_decode(c, 0, B, ids, HQ, (const float *)dq, scale, dout, KIVI_F32, KIVI_MEM_DEVICE));
+  double *t = malloc(sizeof(double) * reps);
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_s();
+    TRY(kivi_attention_decode(c, 0, B, ids, HQ, (const float *)dq, scale, dout, KIVI_F32, KIVI_MEM_DEVICE));
+    t[i] = now_s() - t0;
+  }
+  qsort(t, (size_t)reps, sizeof(double), cmp_double);
+  const double med = t[reps / 2];
+  TRY(kivi_context_download(ctx, out, dout, qn * 4));
+  kivi_context_free(ctx, dq);
+  kivi_context_free(ctx, dout);
+  free(t);
+  free(ids);
+  return med;
+}
+
+/* Bytes the decode step must read: the live packed state of every sequence. */
+static size_t cache_bytes(const kivi_cache *c, int B) {
+  size_t total = 0;
+  for (int s = 0; s < B; ++s) {
+    size_t n;
+    TRY(kivi_cache_export_seq(c, s, 0, NULL, &n));
+    total += n;
+  }
+  return total;
+}
+
+/* Sequence 0 of the cache against the double reference on its dequantized state. */
+static double check_seq0(const kivi_cache *c, int H, int HQ, int D, int S, int kb, int vb, const float *q,
+                         const float *out) {
+  size_t n;
+  TRY(kivi_cache_export_seq(c, 0, 0, NULL, &n));
+  unsigned char *e = malloc(n);
+  TRY(kivi_cache_export_seq(c, 0, 0, e, &n));
+  const ref_geom g = {D, H, 32, 128, kb, vb};
+  double *kd = malloc(sizeof(double) * S * H * D), *vd = malloc(sizeof(double) * S * H * D);
+  double *ref = malloc(sizeof(double) * HQ * D);
+  ref_dequant_export(&g, S, e, kd, vd);
+  ref_attention(S, H, HQ, D, kd, vd, q, 1.0 / sqrt((double)D), ref, NULL);
+  double num = 0, den = 0;
+  for (int i = 0; i < HQ * D; ++i) {
+    num = fmax(num, fabs(out[i] - ref[i]));
+    den = fmax(den, fabs(ref[i]));
+  }
+  free(e); free(kd); free(vd); free(ref);
+  return num / den;
+}
+
+int main(int argc, char **argv) {
+  const char *json_path = NULL;
+  int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+      ++i;
+      device = !strcmp(argv[i], "host") ? KIVI_DEVICE_HOST : KIVI_DEVICE_DEFAULT;
+    } else if (!strcmp(argv[i], "--skip-append")) skip_append = 1;
+    else {
+      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]\n");
+      return 2;
+    }
+  }
+  if (reps < 1) reps = 1;
+  if (quick && reps > 5) reps = 5;
+  TRY(kivi_context_create(&ctx, device));
+  kivi_context_info info;
+  TRY(kivi_context_get_info(ctx, &info));
+  on_gpu = info.on_gpu;
+  const char *dev = on_gpu ? "gpu" : "host";
+  printf("kivi-bench: libkivi-omp %s, %s, running on %s\n", kivi_version_string(), kivi_build_config(), dev);
+  FILE *js = NULL;
+  if (json_path && !(js = fopen(json_path, "w"))) {
+    fprintf(stderr, "kivi-bench: cannot write %s\n", json_path);
+    return 1;
+  }
+  if (js) fprintf(js, "{\n  \"library\": \"libkivi-omp %s\",\n  \"device\": \"%s\",\n  \"decode\": [\n", kivi_version_string(), dev);
+
+  const shape full[] = {{1, 32, 4096}, {1, 32, 32768}, {8, 32, 4096}, {8, 32, 32768}, {32, 32, 4096}};
+  const shape small[] = {{1, 4, 512}, {2, 4, 2048}, {4, 8, 1024}};
+  const shape *shapes = quick ? small : full;
+  const int nshapes = quick ? 3 : 5, D = 128, bits[2] = {2, 4};
+  printf("\ndecode step, D=%d, G=32, R=128, MHA, median of %d calls (wall, synchronous)\n", D, reps);
+  printf("%5s %4s %7s %5s | %10s %9s %8s | %10s %8s | %7s %9s\n", "B", "H", "S", "bits", "time_us", "MB_read",
+         "GB/s", "fp16_us", "fp16GB/s", "speedup", "rel_err");
+  int first = 1;
+  for (int si = 0; si < nshapes; ++si) {
+    const shape sh = shapes[si];
+    const size_t qn = (size_t)sh.B * sh.H * D;
+    float *q = malloc(qn * 4), *out = malloc(qn * 4);
+    for (size_t i = 0; i < qn; ++i) q[i] = urand();
+    kivi_cache *c16 = fill(sh.B, sh.H, D, sh.S, 16, 16, NULL, NULL);
+    const double t16 = time_decode(c16, sh.B, sh.H, D, q, out);
+    const size_t b16 = cache_bytes(c16, sh.B);
+    kivi_cache_destroy(c16);
+    for (int bi = 0; bi < 2; ++bi) {
+      float *k0, *v0;
+      kivi_cache *c = fill(sh.B, sh.H, D, sh.S, bits[bi], bits[bi], &k0, &v0);
+      const double t = time_decode(c, sh.B, sh.H, D, q, out);
+      const size_t b = cache_bytes(c, sh.B);
+      const double err = check_seq0(c, sh.H, sh.H, D, sh.S, bits[bi], bits[bi], q, out);
+      printf("%5d %4d %7d %5d | %10.1f %9.1f %8.1f | %10.1f %8.1f | %6.2fx %9.2e\n", sh.B, sh.H, sh.S, bits[bi],
+             t * 1e6, b / 1e6, b / t / 1e9, t16 * 1e6, b16 / t16 / 1e9, t16 / t, err);
+      if (js)
+        fprintf(js,
+                "%s    {\"bits\": %d, \"group\": 32, \"residual\": 128, \"batch\": %d, \"n_q_heads\": %d, "
+                "\"n_kv_heads\": %d, \"seq_len\": %d, \"head_dim\": %d, \"device\": \"%s\", \"time_us\": %.3f, "
+                "\"bytes_read\": %zu, \"gbps\": %.3f, \"rel_err_vs_ref\": %.3e, \"fp16_time_us\": %.3f, "
+                "\"fp16_bytes_read\": %zu}",
+                first ? "" : ",\n", bits[bi], sh.B, sh.H, sh.H, sh.S, D, dev, t * 1e6, b, b / t / 1e9, err, t16 * 1e6,
+                b16);
+      first = 0;
+      kivi_cache_destroy(c);
+      free(k0);
+      free(v0);
+    }
+    free(q);
+    free(out);
+  }
+  if (js) fprintf(js, "\n  ],\n  \"append\": [\n");
+
+  /* append/quantize throughput: one prefill of S tokens, 32 kv-heads x 128, fp16 input already
+   * in device memory; GB/s of input read (K and V) */
+  const int AS = quick ? 2048 : 32768, AH = quick ? 8 : 32;
+  printf("\nappend (prefill of %d tokens, %d kv-heads x %d, fp16 input in device memory), median of %d\n", AS, AH, D,
+         quick ? 3 : 5);
+  printf("%5s | %10s %10s\n", "bits", "time_ms", "GB/s_in");
+  first = 1;
+  for (int bi = 0; bi < 3 && !skip_append; ++bi) {
+    const int b = bi < 2 ? bits[bi] : 16;
+    const size_t n = (size_t)AS * AH * D;
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; ++i) h[i] = ref_f16(urand());
+    void *dk, *dv;
+    TRY(kivi_context_alloc(ctx, n * 2, &dk));
+    TRY(kivi_context_alloc(ctx, n * 2, &dv));
+    TRY(kivi_context_upload(ctx, dk, h, n * 2));
+    TRY(kivi_context_upload(ctx, dv, h, n * 2));
+    kivi_cache_config cfg;
+    kivi_cache_config_init(&cfg, 1, AH, D, 1, AS);
+    cfg.k_bits = cfg.v_bits = b;
+    kivi_cache *c;
+    TRY(kivi_cache_create(ctx, &cfg, &c));
+    const int nrep = quick ? 3 : 5, id = 0;
+    double t[5];
+    for (int r = 0; r < nrep + 1; ++r) {
+      TRY(kivi_cache_reset_seq(c, 0));
+      const double t0 = now_s();
+      TRY(kivi_cache_append(c, 0, 1, &id, &AS, dk, dv, KIVI_F16, KIVI_MEM_DEVICE));
+      if (r > 0) t[r - 1] = now_s() - t0; /* the first call grows the scratch buffers */
+    }
+    qsort(t, (size_t)nrep, sizeof(double), cmp_double);
+    const double med = t[nrep / 2], gb = 2.0 * n * 2 / med / 1e9;
+    printf("%5d | %10.3f %10.1f\n", b, med * 1e3, gb);
+    if (js)
+      fprintf(js, "%s    {\"bits\": %d, \"tokens\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"device\": \"%s\", "
+                  "\"time_ms\": %.4f, \"gbps_input\": %.3f}",
+              first ? "" : ",\n", b, AS, AH, D, dev, med * 1e3, gb);
+    first = 0;
+    kivi_cache_destroy(c);
+    kivi_context_free(ctx, dk);
+    kivi_context_free(ctx, dv);
+    free(h);
+  }
+  if (js) fprintf(js, "\n  ],\n  \"memory\": [\n");
+
+  /* memory table: one Llama-2-7B layer (32 kv-heads x 128) at 4096 tokens, x 32 layers */
+  const int ML = quick ? 1024 : 4096;
+  printf("\nmemory, Llama-2-7B shape (32 layers x 32 kv-heads x 128) at %d tokens: one layer measured, x32\n", ML);
+  printf("%9s | %12s %12s %12s %12s | %10s %7s\n", "k/v bits", "codes_MB", "scales_MB", "resid_MB", "total_MB",
+         "bits/elem", "vs fp16");
+  const int mb[4][2] = {{16, 16}, {4, 4}, {2, 2}, {2, 4}};
+  first = 1;
+  for (int i = 0; i < 4; ++i) {
+    kivi_cache *c = fill(1, 32, 128, ML, mb[i][0], mb[i][1], NULL, NULL);
+    kivi_cache_stats st;
+    TRY(kivi_cache_get_stats(c, &st));
+    printf("%4d/%-4d | %12.2f %12.2f %12.2f %12.2f | %10.3f %6.2fx\n", mb[i][0], mb[i][1], 32 * st.code_bytes / 1e6,
+           32 * st.scale_zero_bytes / 1e6, 32 * st.residual_bytes / 1e6, 32 * st.total_bytes / 1e6, st.bits_per_element,
+           (double)st.fp16_bytes / (double)st.total_bytes);
+    if (js)
+      fprintf(js, "%s    {\"k_bits\": %d, \"v_bits\": %d, \"tokens\": %d, \"layers\": 32, \"total_bytes\": %zu, "
+                  "\"code_bytes\": %zu, \"scale_zero_bytes\": %zu, \"residual_bytes\": %zu, \"fp16_bytes\": %zu, "
+                  "\"bits_per_element\": %.4f}",
+              first ? "" : ",\n", mb[i][0], mb[i][1], ML, 32 * st.total_bytes, 32 * st.code_bytes,
+              32 * st.scale_zero_bytes, 32 * st.residual_bytes, 32 * st.fp16_bytes, st.bits_per_element);
+    first = 0;
+    kivi_cache_destroy(c);
+  }
+  if (js) {
+    fprintf(js, "\n  ]\n}\n");
+    fclose(js);
+    printf("\nwrote %s\n", json_path);
+  }
+  kivi_context_destroy(ctx);
+  return 0;
+}

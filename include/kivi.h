@@ -1,0 +1,236 @@
+/* libkivi-omp — KIVI KV-cache quantization with a fused attention that reads the packed cache.
+ *
+ * KIVI (Liu et al., ICML 2024): keys are quantized per channel, values per token, to 2, 4 or 8
+ * bits with asymmetric min/max groups (fp16 scale and zero); the most recent tokens stay in an
+ * fp16 residual window.  Everything here runs as OpenMP target regions, on an NVIDIA GPU when
+ * the library was built with offload and a device is chosen, otherwise on host threads.
+ *
+ * Conventions
+ *  - Every call returns a kivi_status; KIVI_OK is 0.  On any error the cache is unchanged and
+ *    no output has been written, except where a function says otherwise.  The library never
+ *    aborts, exits or prints.
+ *  - Sizes are in elements unless a name says bytes.  fp16 means IEEE binary16 bits in uint16_t.
+ *  - Tensor layouts are row-major, the last dimension named is contiguous.
+ *  - Pointers marked "host or device" are host memory when `mem` is KIVI_MEM_HOST, and memory
+ *    of the cache's device (from kivi_context_alloc or omp_target_alloc on that device) when
+ *    `mem` is KIVI_MEM_DEVICE.
+ *
+ * Threading: a kivi_context may be shared by any number of threads and caches (it is immutable
+ * after creation).  A kivi_cache must be used by one thread at a time; distinct caches may be
+ * used concurrently from different threads.
+ */
+#ifndef KIVI_H
+#define KIVI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kivi_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KIVI_API __attribute__((visibility("default")))
+#define KIVI_NODISCARD __attribute__((warn_unused_result))
+#else
+#define KIVI_API
+#define KIVI_NODISCARD
+#endif
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+typedef enum kivi_status {
+  KIVI_OK = 0,
+  KIVI_ERR_ARG = 1,         /* NULL pointer, size or index out of range, inconsistent arguments */
+  KIVI_ERR_UNSUPPORTED = 2, /* valid request this build does not support (bits, group, head_dim...) */
+  KIVI_ERR_NO_DEVICE = 3,   /* the requested device does not exist or cannot be used */
+  KIVI_ERR_NOMEM = 4,       /* host or device allocation failed */
+  KIVI_ERR_CAPACITY = 5,    /* the cache's block pool or a sequence's maximum length is exhausted */
+  KIVI_ERR_NONFINITE = 6,   /* NaN or Inf in the input, or a value beyond the fp16 range */
+  KIVI_ERR_DEVICE = 7,      /* the offload runtime failed (copy, kernel) */
+  KIVI_ERR_BUFFER = 8       /* the caller's output buffer is too small */
+} kivi_status;
+
+/* A static English description of a status ("invalid argument", ...); never NULL. */
+KIVI_API const char *kivi_status_string(kivi_status status);
+
+/* ---- version and build ----------------------------------------------------------------- */
+
+KIVI_API const char *kivi_version_string(void);
+KIVI_API int kivi_version_major(void);
+KIVI_API int kivi_version_minor(void);
+KIVI_API int kivi_version_patch(void);
+/* 1 when built with GPU offload (nvptx), 0 for a host-only build. */
+KIVI_API int kivi_built_with_offload(void);
+/* One line describing the build: compiler, OpenMP, offload target and arch. */
+KIVI_API const char *kivi_build_config(void);
+
+/* ---- context: where the work runs ------------------------------------------------------ */
+
+typedef struct kivi_context kivi_context;
+
+#define KIVI_DEVICE_DEFAULT (-1) /* the OpenMP default device if it is a GPU, else the host */
+#define KIVI_DEVICE_HOST (-2)    /* host threads, even when a GPU is present */
+
+typedef enum kivi_mem { KIVI_MEM_HOST = 0, KIVI_MEM_DEVICE = 1 } kivi_mem;
+
+typedef struct kivi_context_info {
+  int device;      /* OpenMP device number the work runs on (the initial device for the host) */
+  int on_gpu;      /* 1 when a probe kernel ran on a GPU at creation, 0 when on host threads */
+  int num_devices; /* OpenMP devices visible to this process (0 in host-only builds) */
+} kivi_context_info;
+
+/* device: KIVI_DEVICE_DEFAULT, KIVI_DEVICE_HOST, or a device number 0 <= n < number of devices.
+ * A device number that does not exist is KIVI_ERR_NO_DEVICE, never a quiet run on the host.
+ * Creation runs a probe kernel, so on_gpu reports where work really runs. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_context_create(kivi_context **ctx, int device);
+KIVI_API void kivi_context_destroy(kivi_context *ctx); /* NULL is allowed */
+KIVI_API kivi_status kivi_context_get_info(const kivi_context *ctx, kivi_context_info *info);
+
+/* Runs a small reduction kernel on the context's device and checks it against the host.
+ * *ran_on_gpu (may be NULL) says where it executed.  KIVI_ERR_DEVICE if the result is wrong. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_context_selftest(kivi_context *ctx, int *ran_on_gpu);
+
+/* Memory on the context's device (host memory for a host context), for KIVI_MEM_DEVICE
+ * arguments.  kivi_context_free(ctx, NULL) is allowed. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_context_alloc(kivi_context *ctx, size_t bytes, void **ptr);
+KIVI_API void kivi_context_free(kivi_context *ctx, void *ptr);
+KIVI_API KIVI_NODISCARD kivi_status kivi_context_upload(kivi_context *ctx, void *dst_device,
+                                                         const void *src_host, size_t bytes);
+KIVI_API KIVI_NODISCARD kivi_status kivi_context_download(kivi_context *ctx, void *dst_host,
+                                                           const void *src_device, size_t bytes);
+
+/* ---- the KV cache ---------------------------------------------------------------------- *
+ * Semantics (KIVI, exactly):
+ *  - Group quantization with b bits: scale = (max - min) / (2^b - 1) and zero = min, both stored
+ *    as fp16 (round to nearest even); code = clamp(floor((x - zero) / scale + 1/2), 0, 2^b - 1)
+ *    computed in fp32 with the *stored* fp16 scale and zero; dequant = code * scale + zero.
+ *    A group whose stored scale is 0 (constant group) gets code 0 and dequantizes to its zero,
+ *    i.e. exactly to the constant.
+ *  - Keys per channel: a group is G consecutive tokens of one channel of one kv-head.
+ *    Values per token: a group is G consecutive channels of one token of one kv-head.
+ *  - Streaming, for a sequence of length L: the first L - (L mod R) keys are quantized (whole
+ *    R-token blocks), the last L mod R keys stay fp16; the last min(L, R) values stay fp16 and
+ *    each older value is quantized when it leaves that window.
+ *  - Inputs are rounded to fp16 first; all quantization reads the fp16 values.  The cache
+ *    contents therefore depend only on the tokens, never on how appends split them.
+ *  - bits = 16 stores the tokens unquantized in fp16 (the baseline path, same kernels).
+ */
+
+typedef struct kivi_cache kivi_cache;
+
+typedef enum kivi_dtype { KIVI_F32 = 0, KIVI_F16 = 1, KIVI_BF16 = 2 } kivi_dtype;
+
+typedef struct kivi_cache_config {
+  int n_layers;    /* >= 1 */
+  int n_kv_heads;  /* >= 1 */
+  int head_dim;    /* multiple of 32, 32..256 (64 and 128 are the tested model sizes) */
+  int max_seqs;    /* sequence slots, ids 0..max_seqs-1 */
+  int max_seq_len; /* tokens per sequence */
+  int64_t pool_tokens; /* quantized-token capacity per layer shared by all sequences, rounded
+                          up to whole R-token blocks; 0 = max_seqs * max_seq_len */
+  int k_bits;      /* 2, 4, 8, or 16 (no quantization) */
+  int v_bits;      /* 2, 4, 8, or 16 */
+  int group;       /* G: 32, 64 or 128; must divide head_dim */
+  int residual;    /* R: multiple of G, G..1024 (paper default G=32, R=128) */
+} kivi_cache_config;
+
+/* Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, one sequence. */
+KIVI_API void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads,
+                                     int head_dim, int max_seqs, int max_seq_len);
+
+/* Checks a config without allocating: KIVI_ERR_ARG or KIVI_ERR_UNSUPPORTED with the reason. */
+KIVI_API kivi_status kivi_cache_config_check(const kivi_cache_config *cfg);
+
+/* Allocates all storage on the context's device at creation (block pool, residual windows,
+ * block tables); nothing is allocated per call except scratch that grows to the largest call. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg,
+                                                      kivi_cache **cache);
+KIVI_API void kivi_cache_destroy(kivi_cache *cache); /* NULL is allowed */
+KIVI_API kivi_status kivi_cache_get_config(const kivi_cache *cache, kivi_cache_config *cfg);
+
+/* Appends new tokens to layer `layer` of n_seqs distinct sequences.
+ *   seq_ids[n_seqs], n_new[n_seqs] (host arrays; n_new[i] >= 0)
+ *   k, v: [sum n_new][n_kv_heads][head_dim] of dtype, sequences in the order of seq_ids;
+ *         host or device memory (`mem`).
+ * Prefill (many tokens) and decode (one token) are the same call.  Errors (nothing changed):
+ * KIVI_ERR_ARG (bad ids, duplicates, NULL), KIVI_ERR_CAPACITY (max_seq_len or the pool would be
+ * exceeded), KIVI_ERR_NONFINITE (NaN/Inf, or |x| > 65504 after rounding to fp16). */
+KIVI_API KIVI_NODISCARD kivi_status kivi_cache_append(kivi_cache *cache, int layer, int n_seqs,
+                                                      const int *seq_ids, const int *n_new,
+                                                      const void *k, const void *v,
+                                                      kivi_dtype dtype, kivi_mem mem);
+
+/* Empties a sequence on every layer and returns its blocks to the pool. */
+KIVI_API kivi_status kivi_cache_reset_seq(kivi_cache *cache, int seq_id);
+
+/* Current length of a sequence on a layer. */
+KIVI_API kivi_status kivi_cache_seq_length(const kivi_cache *cache, int seq_id, int layer, int *length);
+
+typedef struct kivi_cache_stats {
+  int64_t tokens;           /* sum of all sequence lengths over all layers */
+  size_t code_bytes;        /* packed codes of quantized tokens (K and V) */
+  size_t scale_zero_bytes;  /* fp16 scales and zeros */
+  size_t residual_bytes;    /* fp16 tokens in the residual windows */
+  size_t bookkeeping_bytes; /* block tables and lengths of the sequences in use */
+  size_t total_bytes;       /* the sum of the four above: what the live tokens cost */
+  size_t fp16_bytes;        /* the same tokens stored as plain fp16 K and V */
+  double bits_per_element;  /* total_bytes * 8 / (2 * tokens * n_kv_heads * head_dim) */
+  size_t allocated_bytes;   /* device memory held by the cache (pool, windows, tables) */
+  int64_t free_blocks;      /* R-token blocks still free in the pool */
+} kivi_cache_stats;
+
+KIVI_API kivi_status kivi_cache_get_stats(const kivi_cache *cache, kivi_cache_stats *stats);
+
+/* The live state of one sequence on one layer in the packed format (docs/FORMAT.md):
+ *   for each kv-head h:
+ *     K codes   [Lk][kw] u32   Lk = L - L mod R quantized keys, kw = head_dim * k_bits / 32
+ *     K scale/zero [Lk/G][2][head_dim] fp16 (absent when k_bits = 16)
+ *     V codes   [Lv][vw] u32   Lv = max(0, L - R) quantized values
+ *     V scale/zero [Lv][head_dim/G][2] fp16 (absent when v_bits = 16)
+ *     K residual [L - Lk][head_dim] fp16, oldest first
+ *     V residual [L - Lv][head_dim] fp16, oldest first
+ * kivi_cache_export_seq with buf == NULL stores the size in *bytes.  Equal exports mean equal
+ * caches: the conformance tests compare them across append splits and devices. */
+KIVI_API kivi_status kivi_cache_export_seq(const kivi_cache *cache, int seq_id, int layer,
+                                           void *buf, size_t *bytes);
+
+/* ---- attention ------------------------------------------------------------------------- *
+ * n_q_heads must be a multiple of n_kv_heads (MHA, GQA, MQA); q head h reads kv-head
+ * h / (n_q_heads / n_kv_heads).  softmax_scale is usually 1/sqrt(head_dim).  Accumulation is
+ * fp32 with one softmax over the quantized and the residual tokens together. */
+
+/* Decode: one query token per sequence over everything in the cache for that sequence
+ * (append the token's own K/V first).
+ *   q:   [n_seqs][n_q_heads][head_dim] fp32, host or device (`mem`)
+ *   out: [n_seqs][n_q_heads][head_dim] of out_dtype (KIVI_F32 or KIVI_F16), host or device
+ * A sequence of length 0 is KIVI_ERR_ARG. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_attention_decode(kivi_cache *cache, int layer, int n_seqs,
+                                                          const int *seq_ids, int n_q_heads,
+                                                          const float *q, float softmax_scale,
+                                                          void *out, kivi_dtype out_dtype,
+                                                          kivi_mem mem);
+
+/* Extend (chunked prefill): q_lens[i] >= 1 new tokens of sequence seq_ids[i] attend to the L
+ * tokens already in the cache and, causally, to the new tokens given here in full precision
+ * (new token j sees new tokens 0..j).  Call kivi_cache_append with the same K/V afterwards.
+ *   q:     [sum q_lens][n_q_heads][head_dim] fp32
+ *   k_new, v_new: [sum q_lens][n_kv_heads][head_dim] fp32
+ *   out:   [sum q_lens][n_q_heads][head_dim] fp32
+ *   lse:   NULL or [sum q_lens][n_q_heads] fp32, the natural-log log-sum-exp of the scaled
+ *          logits of each row
+ * All host or all device (`mem`). */
+KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int layer, int n_seqs,
+                                                          const int *seq_ids, const int *q_lens,
+                                                          int n_q_heads, const float *q,
+                                                          const float *k_new, const float *v_new,
+                                                          float softmax_scale, float *out,
+                                                          float *lse, kivi_mem mem);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KIVI_H */

@@ -1,0 +1,29 @@
+#!/bin/bash
+# Runs an already-built offload tree on a GPU machine that has no compiler: every test program,
+# kivi_hello with LIBOMPTARGET_INFO, and optionally kivi-bench.  Usage (from the project root):
+#   . .devrt/env.sh; bash scripts/gpu-check.sh BUILD_DIR OUT_DIR [bench args...]
+# OMP_TARGET_OFFLOAD=MANDATORY (set by env.sh) makes a silent host fallback a failure, and
+# KIVI_TEST_EXPECT_GPU=1 makes the tests fail if their context is not on the GPU.
+set -u
+b=$1; out=$2; shift 2
+export LD_LIBRARY_PATH=$PWD/$b/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export CK_FORK=no CK_DEFAULT_TIMEOUT=1200 KIVI_TEST_EXPECT_GPU=1 top_builddir=$b top_srcdir=. KIVI_HAVE_OFFLOAD=1
+echo "OMP_TARGET_OFFLOAD=${OMP_TARGET_OFFLOAD:-unset}"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv,noheader
+pass=0; fail=0
+for t in examples/kivi_hello tests/test_version tests/test_context tests/test_half tests/test_layout \
+         tests/test_cache tests/test_conformance tests/test_attention; do
+  echo "=== $t"
+  if timeout 900 "$b/$t" > "$out/$(basename $t).log" 2>&1; then pass=$((pass+1)); echo "PASS: $t"
+  else fail=$((fail+1)); echo "FAIL: $t"; fi
+  tail -n 12 "$out/$(basename $t).log"
+done
+echo "=== kivi_hello with LIBOMPTARGET_INFO=1 (kernel launches)"
+LIBOMPTARGET_INFO=1 "$b/examples/kivi_hello" > "$out/hello_info.log" 2>&1
+grep -m 6 -E "Launching kernel|Entering OpenMP kernel|libomptarget" "$out/hello_info.log"
+grep -c "Launching kernel" "$out/hello_info.log" | sed 's/^/kernel launches seen: /'
+echo "$pass passed, $fail failed"
+if [ $# -gt 0 ]; then
+  echo "=== kivi-bench $*"
+  timeout "${KIVI_BENCH_TIMEOUT:-400}" "$b/bench/kivi-bench" "$@" 2>&1 | tee "$out/bench.log"
+fi

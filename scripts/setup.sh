@@ -1,0 +1,15 @@
+#!/bin/sh
+# Installs what libkivi-omp needs to build and test on Debian/Ubuntu (run as root or via sudo):
+# autotools, Check, gcc, and clang-19 + libomp-19-dev for the GPU-offloading build.  The CUDA
+# toolkit (for offload) is not installed here: configure finds it in /usr/local/cuda.
+set -eu
+export DEBIAN_FRONTEND=noninteractive
+pkgs="build-essential autoconf automake libtool pkg-config check clang-19 libomp-19-dev"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $missing
+fi
+echo "setup: build dependencies present ($pkgs)"

@@ -1,0 +1,442 @@
+/* The streaming cache manager: block pool, residual windows, append with exact KIVI semantics.
+ *
+ * An append of n tokens to a sequence of length L (new length L' = L + n), per layer:
+ *   1. validate everything and reserve nothing until the input is known to be finite;
+ *   2. convert the input to fp16 in scratch memory, flagging NaN/Inf (nothing changed yet);
+ *   3. take floor(L'/R) - floor(L/R) blocks from the pool;
+ *   4. quantize the K blocks completed by this append (tokens from the old ring or the new input);
+ *   5. quantize the values that leave the window, positions [max(0, L-R), max(0, L'-R));
+ *   6. write the new tokens that stay fp16 into the rings (after 4 and 5 read the old slots).
+ * Every quantized group reads fp16 values of the same tokens whatever the split, so the packed
+ * bytes do not depend on how the tokens arrive. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "half.h"
+#include "internal.h"
+#include "kernels_quant.h"
+
+/* ---- configuration ---- */
+
+void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads, int head_dim,
+                            int max_seqs, int max_seq_len) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->n_layers = n_layers;
+  cfg->n_kv_heads = n_kv_heads;
+  cfg->head_dim = head_dim;
+  cfg->max_seqs = max_seqs;
+  cfg->max_seq_len = max_seq_len;
+  cfg->pool_tokens = 0;
+  cfg->k_bits = 2;
+  cfg->v_bits = 2;
+  cfg->group = 32;
+  cfg->residual = 128;
+}
+
+static int bits_ok(int b) { return b == 2 || b == 4 || b == 8 || b == 16; }
+
+kivi_status kivi_cache_config_check(const kivi_cache_config *c) {
+  if (!c) return KIVI_ERR_ARG;
+  if (c->n_layers < 1 || c->n_kv_heads < 1 || c->head_dim < 1 || c->max_seqs < 1 ||
+      c->max_seq_len < 1 || c->pool_tokens < 0 || c->group < 1 || c->residual < 1)
+    return KIVI_ERR_ARG;
+  if (c->n_layers > 4096 || c->n_kv_heads > 4096 || c->max_seqs > (1 << 20)) return KIVI_ERR_ARG;
+  if (!bits_ok(c->k_bits) || !bits_ok(c->v_bits)) return KIVI_ERR_UNSUPPORTED;
+  if (c->head_dim % 32 || c->head_dim < KIVI_MIN_HEAD_DIM || c->head_dim > KIVI_MAX_HEAD_DIM)
+    return KIVI_ERR_UNSUPPORTED;
+  if (c->group != 32 && c->group != 64 && c->group != 128) return KIVI_ERR_UNSUPPORTED;
+  if (c->head_dim % c->group) return KIVI_ERR_UNSUPPORTED;
+  if (c->residual % c->group || c->residual > KIVI_MAX_RESIDUAL) return KIVI_ERR_UNSUPPORTED;
+  return KIVI_OK;
+}
+
+/* ---- create / destroy ---- */
+
+void kivi_cache_destroy(kivi_cache *c) {
+  if (!c) return;
+  const kivi_context *ctx = c->ctx;
+  kivi_dev_free(ctx, c->pool);
+  kivi_dev_free(ctx, c->kres);
+  kivi_dev_free(ctx, c->vres);
+  kivi_dev_free(ctx, c->bt);
+  kivi_scratch_free(ctx, &c->stage);
+  kivi_scratch_free(ctx, &c->desc);
+  kivi_scratch_free(ctx, &c->work);
+  free(c->bt_host);
+  free(c->len);
+  free(c->free_list);
+  free(c);
+}
+
+kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, kivi_cache **out) {
+  if (!out) return KIVI_ERR_ARG;
+  *out = NULL;
+  if (!ctx) return KIVI_ERR_ARG;
+  kivi_status st = kivi_cache_config_check(cfg);
+  if (st) return st;
+  kivi_cache *c = calloc(1, sizeof *c);
+  if (!c) return KIVI_ERR_NOMEM;
+  c->ctx = ctx;
+  c->cfg = *cfg;
+  const int R = cfg->residual, S = cfg->max_seqs, NL = cfg->n_layers;
+  if (kivi_layout_init(&c->lay, cfg->head_dim, cfg->n_kv_heads, cfg->group, R, cfg->k_bits, cfg->v_bits)) {
+    free(c);
+    return KIVI_ERR_UNSUPPORTED;
+  }
+  c->max_blocks = cfg->max_seq_len / R;
+  const int64_t pool_tokens = cfg->pool_tokens ? cfg->pool_tokens : (int64_t)S * cfg->max_seq_len;
+  c->n_blocks = (int64_t)NL * ((pool_tokens + R - 1) / R);
+  if (c->n_blocks > INT32_MAX) { free(c); return KIVI_ERR_ARG; }
+  const size_t ring = (size_t)S * NL * cfg->n_kv_heads * R * cfg->head_dim;
+  const size_t bt_n = (size_t)S * NL * (c->max_blocks > 0 ? c->max_blocks : 1);
+  c->pool = kivi_dev_alloc(ctx, (size_t)c->n_blocks * c->lay.block_bytes);
+  c->kres = kivi_dev_alloc(ctx, ring * 2);
+  c->vres = kivi_dev_alloc(ctx, ring * 2);
+  c->bt = kivi_dev_alloc(ctx, bt_n * 4);
+  c->bt_host = malloc(bt_n * 4);
+  c->len = calloc((size_t)S * NL, 4);
+  c->free_list = malloc((size_t)(c->n_blocks > 0 ? c->n_blocks : 1) * 4);
+  if (!c->pool || !c->kres || !c->vres || !c->bt || !c->bt_host || !c->len || !c->free_list) {
+    kivi_cache_destroy(c);
+    return KIVI_ERR_NOMEM;
+  }
+  for (size_t i = 0; i < bt_n; ++i) c->bt_host[i] = -1;
+  /* pop from the end: block 0 is handed out first */
+  for (int64_t i = 0; i < c->n_blocks; ++i) c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
+  c->n_free = c->n_blocks;
+  if (kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4)) {
+    kivi_cache_destroy(c);
+    return KIVI_ERR_DEVICE;
+  }
+  *out = c;
+  return KIVI_OK;
+}
+
+kivi_status kivi_cache_get_config(const kivi_cache *c, kivi_cache_config *cfg) {
+  if (!c || !cfg) return KIVI_ERR_ARG;
+  *cfg = c->cfg;
+  return KIVI_OK;
+}
+
+kivi_status kivi_check_seq_ids(const kivi_cache *c, int n_seqs, const int *ids) {
+  if (n_seqs < 1 || !ids) return KIVI_ERR_ARG;
+  for (int i = 0; i < n_seqs; ++i) {
+    if (ids[i] < 0 || ids[i] >= c->cfg.max_seqs) return KIVI_ERR_ARG;
+    for (int j = 0; j < i; ++j)
+      if (ids[j] == ids[i]) return KIVI_ERR_ARG;
+  }
+  return KIVI_OK;
+}
+
+kivi_status kivi_cache_seq_length(const kivi_cache *c, int seq, int layer, int *length) {
+  if (!c || !length || seq < 0 || seq >= c->cfg.max_seqs || layer < 0 || layer >= c->cfg.n_layers)
+    return KIVI_ERR_ARG;
+  *length = kivi_len(c, seq, layer);
+  return KIVI_OK;
+}
+
+kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
+  if (!c || seq < 0 || seq >= c->cfg.max_seqs) return KIVI_ERR_ARG;
+  const int R = c->cfg.residual;
+  for (int l = 0; l < c->cfg.n_layers; ++l) {
+    int32_t *row = kivi_bt_row(c, seq, l);
+    const int nb = kivi_len(c, seq, l) / R;
+    for (int b = 0; b < nb; ++b) {
+      c->free_list[c->n_free++] = row[b];
+      row[b] = -1;
+    }
+    c->len[(size_t)seq * c->cfg.n_layers + l] = 0;
+  }
+  /* the device table keeps stale ids beyond each length; lengths make them unreachable */
+  return KIVI_OK;
+}
+
+/* ---- append ---- */
+
+static size_t dtype_size(kivi_dtype t) { return t == KIVI_F32 ? 4 : 2; }
+
+/* Per-call descriptor, one int64 array uploaded at once: 7 columns of n entries. */
+enum { D_SEQ, D_L, D_N, D_STAGE, D_KBPRE, D_VQPRE, D_VQBEG, D_NCOLS };
+
+kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *seq_ids,
+                              const int *n_new, const void *k, const void *v, kivi_dtype dtype,
+                              kivi_mem mem) {
+  if (!c || layer < 0 || layer >= c->cfg.n_layers || !n_new) return KIVI_ERR_ARG;
+  if (dtype != KIVI_F32 && dtype != KIVI_F16 && dtype != KIVI_BF16) return KIVI_ERR_ARG;
+  if (mem != KIVI_MEM_HOST && mem != KIVI_MEM_DEVICE) return KIVI_ERR_ARG;
+  kivi_status st = kivi_check_seq_ids(c, n_seqs, seq_ids);
+  if (st) return st;
+  const int R = c->cfg.residual, G = c->cfg.group, H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
+  const int NL = c->cfg.n_layers;
+  int64_t total = 0, need_blocks = 0;
+  for (int i = 0; i < n_seqs; ++i) {
+    if (n_new[i] < 0) return KIVI_ERR_ARG;
+    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
+    if (L2 > c->cfg.max_seq_len) return KIVI_ERR_CAPACITY;
+    need_blocks += L2 / R - L / R;
+    total += n_new[i];
+  }
+  if (total == 0) return KIVI_OK;
+  if (!k || !v) return KIVI_ERR_ARG;
+  if (need_blocks > c->n_free) return KIVI_ERR_CAPACITY;
+
+  /* scratch: [raw K | raw V] (host input only), fp16 K, fp16 V, flag */
+  const kivi_context *ctx = c->ctx;
+  const size_t nel = (size_t)total * H * D, esz = dtype_size(dtype);
+  const size_t raw_bytes = mem == KIVI_MEM_HOST ? 2 * nel * esz : 0;
+  const size_t raw_pad = (raw_bytes + 15) & ~(size_t)15, f16_pad = (nel * 2 + 15) & ~(size_t)15;
+  if (kivi_scratch_reserve(ctx, &c->stage, raw_pad + 2 * f16_pad + 16)) return KIVI_ERR_NOMEM;
+  unsigned char *base = c->stage.p;
+  const void *kin = k, *vin = v;
+  if (mem == KIVI_MEM_HOST) {
+    if (kivi_dev_put(ctx, base, k, nel * esz) || kivi_dev_put(ctx, base + nel * esz, v, nel * esz))
+      return KIVI_ERR_DEVICE;
+    kin = base;
+    vin = base + nel * esz;
+  }
+  uint16_t *kst = (uint16_t *)(base + raw_pad), *vst = (uint16_t *)(base + raw_pad + f16_pad);
+  int *flag = (int *)(base + raw_pad + 2 * f16_pad);
+  const int zero = 0;
+  if (kivi_dev_put(ctx, flag, &zero, sizeof zero)) return KIVI_ERR_DEVICE;
+
+  const int dev = ctx->device, dt = (int)dtype;
+  const int64_t nel64 = (int64_t)nel;
+  /* 2: convert K and V to fp16; any non-finite result (NaN, Inf, |x| >= 65520) sets the flag */
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(kin, vin, kst, vst, flag)
+  for (int64_t i = 0; i < 2 * nel64; ++i) {
+    const int is_v = i >= nel64;
+    const int64_t j = is_v ? i - nel64 : i;
+    const void *src = is_v ? vin : kin;
+    uint16_t h;
+    if (dt == KIVI_F32) h = kivi_f32_to_f16(((const float *)src)[j]);
+    else if (dt == KIVI_BF16) h = kivi_f32_to_f16(kivi_bf16_to_f32(((const uint16_t *)src)[j]));
+    else h = ((const uint16_t *)src)[j];
+    (is_v ? vst : kst)[j] = h;
+    if (!kivi_f16_finite(h)) {
+#pragma omp atomic write
+      flag[0] = 1;
+    }
+  }
+  int bad = 0;
+  if (kivi_dev_get(ctx, &bad, flag, sizeof bad)) return KIVI_ERR_DEVICE;
+  if (bad) return KIVI_ERR_NONFINITE;
+
+  /* descriptors (host), then the only state change that can fail: none after this point
+   * except device copies, which leave the host state untouched when they fail */
+  int64_t *hd = malloc(((size_t)D_NCOLS * n_seqs) * sizeof(int64_t));
+  if (!hd) return KIVI_ERR_NOMEM;
+  int64_t *col[D_NCOLS];
+  for (int j = 0; j < D_NCOLS; ++j) col[j] = hd + (size_t)j * n_seqs;
+  int64_t stage_tok = 0, kb = 0, vq = 0;
+  for (int i = 0; i < n_seqs; ++i) {
+    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
+    const int64_t vb0 = L > R ? L - R : 0, vb1 = L2 > R ? L2 - R : 0;
+    col[D_SEQ][i] = seq_ids[i];
+    col[D_L][i] = L;
+    col[D_N][i] = n_new[i];
+    col[D_STAGE][i] = stage_tok;
+    col[D_KBPRE][i] = kb;
+    col[D_VQPRE][i] = vq;
+    col[D_VQBEG][i] = vb0;
+    stage_tok += n_new[i];
+    kb += L2 / R - L / R;
+    vq += vb1 - vb0;
+  }
+  const int64_t n_kb = kb, n_vq = vq;
+
+  if (kivi_scratch_reserve(ctx, &c->desc, ((size_t)D_NCOLS * n_seqs) * sizeof(int64_t))) {
+    free(hd);
+    return KIVI_ERR_NOMEM;
+  }
+  int64_t *dd = c->desc.p;
+  if (kivi_dev_put(ctx, dd, hd, ((size_t)D_NCOLS * n_seqs) * sizeof(int64_t))) {
+    free(hd);
+    return KIVI_ERR_DEVICE;
+  }
+  free(hd);
+
+  /* 3: blocks.  Upload each touched table row's new entries; roll back on a failed copy. */
+  int64_t n_free0 = c->n_free;
+  for (int i = 0; i < n_seqs; ++i) {
+    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
+    int32_t *row = kivi_bt_row(c, seq_ids[i], layer);
+    for (int64_t b = L / R; b < L2 / R; ++b) row[b] = c->free_list[--c->n_free];
+    const size_t off = ((size_t)seq_ids[i] * NL + layer) * c->max_blocks + (size_t)(L / R);
+    if (L2 / R > L / R && kivi_dev_put(ctx, c->bt + off, row + L / R, (size_t)(L2 / R - L / R) * 4)) {
+      for (int j = 0; j <= i; ++j) { /* give the blocks back in reverse order */
+        const int64_t Lj = kivi_len(c, seq_ids[j], layer), L2j = Lj + n_new[j];
+        int32_t *rj = kivi_bt_row(c, seq_ids[j], layer);
+        for (int64_t b = Lj / R; b < L2j / R; ++b) rj[b] = -1;
+      }
+      c->n_free = n_free0;
+      return KIVI_ERR_DEVICE;
+    }
+  }
+
+  const kivi_layout lay = c->lay;
+  unsigned char *pool = c->pool;
+  uint16_t *kres = c->kres, *vres = c->vres;
+  const int32_t *bt = c->bt;
+  const int MB = c->max_blocks, kbits = lay.kb, vbits = lay.vb, kw = lay.kw, vw = lay.vw;
+  const size_t sub = lay.sub_bytes, ksz_off = lay.ksz_off, vcode_off = lay.vcode_off, vsz_off = lay.vsz_off;
+  const int n = n_seqs;
+  const int kcpw = kbits == 16 ? 2 : 32 / kbits;
+  const int kwords = D / kcpw;       /* items per token group: one code word each */
+  const int ngrp = R / G;
+  const size_t ring_lh = (size_t)R * D; /* one (seq, layer, head) ring */
+
+  /* 4: K blocks completed by this append.  Item = (block, head, token group, word). */
+  const int64_t n_kitems = n_kb * H * ngrp * kwords;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, pool, kres, kst, bt)
+  for (int64_t it = 0; it < n_kitems; ++it) {
+    const int w = (int)(it % kwords);
+    const int g = (int)(it / kwords % ngrp);
+    const int h = (int)(it / ((int64_t)kwords * ngrp) % H);
+    const int64_t kbi = it / ((int64_t)kwords * ngrp * H);
+    const int i = kivi_find_seq(dd + (size_t)D_KBPRE * n, n, kbi);
+    const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i];
+    const int64_t blk_no = L / R + (kbi - dd[(size_t)D_KBPRE * n + i]);
+    const int32_t blk = bt[((size_t)s * NL + layer) * MB + blk_no];
+    unsigned char *sb = pool + ((size_t)blk * H + h) * sub;
+    uint32_t *codes = (uint32_t *)sb + (size_t)g * G * kw + w;
+    uint16_t *sc = (uint16_t *)(sb + ksz_off) + (size_t)g * 2 * D + w * kcpw;
+    const uint16_t *ring = kres + (((size_t)s * NL + layer) * H + h) * ring_lh;
+    kivi_quant_k_item(codes, kw, sc, sc + D, kbits, G, w * kcpw, blk_no * R + (int64_t)g * G, L, ring, R,
+                      D, kst, dd[(size_t)D_STAGE * n + i], H, h);
+  }
+
+  /* 5: values leaving the window.  Item = (token, head, channel group). */
+  const int vgrp = D / G;
+  const int64_t n_vitems = n_vq * H * vgrp;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, pool, vres, vst, bt)
+  for (int64_t it = 0; it < n_vitems; ++it) {
+    const int cg = (int)(it % vgrp);
+    const int h = (int)(it / vgrp % H);
+    const int64_t vqi = it / ((int64_t)vgrp * H);
+    const int i = kivi_find_seq(dd + (size_t)D_VQPRE * n, n, vqi);
+    const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i];
+    const int64_t p = dd[(size_t)D_VQBEG * n + i] + (vqi - dd[(size_t)D_VQPRE * n + i]);
+    const int32_t blk = bt[((size_t)s * NL + layer) * MB + p / R];
+    unsigned char *sb = pool + ((size_t)blk * H + h) * sub;
+    const int t = (int)(p % R);
+    const uint16_t *ring = vres + (((size_t)s * NL + layer) * H + h) * ring_lh;
+    const uint16_t *x = kivi_src_row(p, L, ring, R, D, vst, dd[(size_t)D_STAGE * n + i], H, h);
+    kivi_quant_v_item((uint32_t *)(sb + vcode_off) + (size_t)t * vw, (uint16_t *)(sb + vsz_off) + (size_t)t * 2 * vgrp,
+                      vbits, G, cg, x);
+  }
+
+  /* 6: new tokens that stay fp16.  Item = (sequence, ring slot, head); the newest position
+   * p < L' with p mod R == slot is the only candidate for each window. */
+  const int64_t n_ritems = (int64_t)n * R * H;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, kres, vres, kst, vst)
+  for (int64_t it = 0; it < n_ritems; ++it) {
+    const int h = (int)(it % H);
+    const int slot = (int)(it / H % R);
+    const int i = (int)(it / ((int64_t)H * R));
+    const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i], L2 = L + dd[(size_t)D_N * n + i];
+    if (L2 <= slot) continue;
+    const int64_t p = L2 - 1 - ((L2 - 1 - slot) % R);
+    if (p < L) continue; /* not a new token */
+    const size_t src = ((size_t)(dd[(size_t)D_STAGE * n + i] + (p - L)) * H + h) * D;
+    const size_t dst = (((size_t)s * NL + layer) * H + h) * ring_lh + (size_t)slot * D;
+    if (p >= L2 - L2 % R)
+      for (int d = 0; d < D; ++d) kres[dst + d] = kst[src + d];
+    if (p >= L2 - R)
+      for (int d = 0; d < D; ++d) vres[dst + d] = vst[src + d];
+  }
+
+  for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
+  return KIVI_OK;
+}
+
+/* ---- accounting ---- */
+
+kivi_status kivi_cache_get_stats(const kivi_cache *c, kivi_cache_stats *s) {
+  if (!c || !s) return KIVI_ERR_ARG;
+  memset(s, 0, sizeof *s);
+  const kivi_layout *l = &c->lay;
+  const int R = l->R, G = l->G, H = l->H, D = l->D;
+  const size_t ksz_tok = l->kb < 16 ? (size_t)2 * D * 2 : 0; /* per group of G tokens */
+  const size_t vsz_tok = l->vb < 16 ? (size_t)(D / G) * 2 * 2 : 0;
+  int64_t blocks_used = 0, seqs_used = 0;
+  for (int q = 0; q < c->cfg.max_seqs; ++q) {
+    int used = 0;
+    for (int y = 0; y < c->cfg.n_layers; ++y) {
+      const int64_t L = kivi_len(c, q, y);
+      if (!L) continue;
+      used = 1;
+      const int64_t Lk = L - L % R, Lv = L > R ? L - R : 0;
+      s->tokens += L;
+      s->code_bytes += (size_t)H * ((size_t)Lk * l->kw * 4 + (size_t)Lv * l->vw * 4);
+      s->scale_zero_bytes += (size_t)H * ((size_t)(Lk / G) * ksz_tok + (size_t)Lv * vsz_tok);
+      s->residual_bytes += (size_t)H * (size_t)((L - Lk) + (L - Lv)) * D * 2;
+      blocks_used += L / R;
+    }
+    seqs_used += used;
+  }
+  s->bookkeeping_bytes = (size_t)blocks_used * 4 + (size_t)seqs_used * c->cfg.n_layers * 4;
+  s->total_bytes = s->code_bytes + s->scale_zero_bytes + s->residual_bytes + s->bookkeeping_bytes;
+  s->fp16_bytes = (size_t)s->tokens * H * D * 2 * 2;
+  s->bits_per_element = s->tokens ? (double)s->total_bytes * 8.0 / (2.0 * (double)s->tokens * H * D) : 0.0;
+  const size_t ring = (size_t)c->cfg.max_seqs * c->cfg.n_layers * H * R * D * 2;
+  s->allocated_bytes = (size_t)c->n_blocks * l->block_bytes + 2 * ring +
+                       (size_t)c->cfg.max_seqs * c->cfg.n_layers * (c->max_blocks ? c->max_blocks : 1) * 4;
+  s->free_blocks = c->n_free;
+  return KIVI_OK;
+}
+
+/* ---- export ---- */
+
+static size_t export_size(const kivi_cache *c, int64_t L) {
+  const kivi_layout *l = &c->lay;
+  const int64_t Lk = L - L % l->R, Lv = L > l->R ? L - l->R : 0;
+  const size_t per_head = (size_t)Lk * l->kw * 4 + (l->kb < 16 ? (size_t)(Lk / l->G) * 2 * l->D * 2 : 0) +
+                          (size_t)Lv * l->vw * 4 + (l->vb < 16 ? (size_t)Lv * (l->D / l->G) * 4 : 0) +
+                          (size_t)((L - Lk) + (L - Lv)) * l->D * 2;
+  return per_head * l->H;
+}
+
+kivi_status kivi_cache_export_seq(const kivi_cache *c, int seq, int layer, void *buf, size_t *bytes) {
+  if (!c || !bytes || seq < 0 || seq >= c->cfg.max_seqs || layer < 0 || layer >= c->cfg.n_layers)
+    return KIVI_ERR_ARG;
+  const int64_t L = kivi_len(c, seq, layer);
+  const size_t need = export_size(c, L);
+  if (!buf) {
+    *bytes = need;
+    return KIVI_OK;
+  }
+  if (*bytes < need) return KIVI_ERR_BUFFER;
+  const kivi_layout *l = &c->lay;
+  const int R = l->R, G = l->G, D = l->D, NL = c->cfg.n_layers;
+  const int64_t Lk = L - L % R, Lv = L > R ? L - R : 0;
+  const size_t kcode_blk = (size_t)R * l->kw * 4, ksz_blk = l->vcode_off - l->ksz_off;
+  const size_t vcode_tok = (size_t)l->vw * 4, vsz_tok = l->vb < 16 ? (size_t)(D / G) * 4 : 0;
+  const int32_t *row = kivi_bt_row(c, seq, layer);
+  unsigned char *o = buf;
+  for (int h = 0; h < l->H; ++h) {
+#define GET(dst_, src_, n_) do { if (kivi_dev_get(c->ctx, (dst_), (src_), (n_))) return KIVI_ERR_DEVICE; } while (0)
+    const unsigned char *pool = c->pool;
+    for (int64_t b = 0; b < Lk / R; ++b, o += kcode_blk)
+      GET(o, pool + ((size_t)row[b] * l->H + h) * l->sub_bytes + l->kcode_off, kcode_blk);
+    for (int64_t b = 0; b < Lk / R; ++b, o += ksz_blk)
+      GET(o, pool + ((size_t)row[b] * l->H + h) * l->sub_bytes + l->ksz_off, ksz_blk);
+    for (int64_t p = 0; p < Lv; p += R) { /* V rows of each block, up to Lv */
+      const size_t nt = (size_t)(Lv - p < R ? Lv - p : R);
+      GET(o, pool + ((size_t)row[p / R] * l->H + h) * l->sub_bytes + l->vcode_off, nt * vcode_tok);
+      o += nt * vcode_tok;
+    }
+    for (int64_t p = 0; p < Lv && vsz_tok; p += R) {
+      const size_t nt = (size_t)(Lv - p < R ? Lv - p : R);
+      GET(o, pool + ((size_t)row[p / R] * l->H + h) * l->sub_bytes + l->vsz_off, nt * vsz_tok);
+      o += nt * vsz_tok;
+    }
+    const size_t ring = (((size_t)seq * NL + layer) * l->H + h) * (size_t)R * D;
+    for (int64_t p = Lk; p < L; ++p, o += (size_t)D * 2) GET(o, c->kres + ring + (size_t)(p % R) * D, (size_t)D * 2);
+    for (int64_t p = Lv; p < L; ++p, o += (size_t)D * 2) GET(o, c->vres + ring + (size_t)(p % R) * D, (size_t)D * 2);
+#undef GET
+  }
+  *bytes = need;
+  return KIVI_OK;
+}

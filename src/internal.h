@@ -1,0 +1,73 @@
+/* Internal declarations shared by the library's translation units (never installed). */
+#ifndef KIVI_INTERNAL_H
+#define KIVI_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "kivi.h"
+#include "layout.h"
+
+/* Prefix for the project's own hidden helpers; only kivi_* with KIVI_API are exported. */
+#define KIVI_PRAGMA(x) _Pragma(#x)
+
+/* Team-shared arrays: the allocate directive only in the device pass (gcc rejects it, and on
+ * the host fallback an automatic array of the teams region already is one copy per team). */
+#if defined(__NVPTX__) || defined(__AMDGCN__)
+#define KIVI_TEAM_SHARED(...) KIVI_PRAGMA(omp allocate(__VA_ARGS__) allocator(omp_pteam_mem_alloc))
+#else
+#define KIVI_TEAM_SHARED(...)
+#endif
+
+struct kivi_context {
+  int device;      /* OpenMP device number (initial device for the host) */
+  int on_gpu;      /* probe kernel ran on a GPU */
+  int num_devices;
+};
+
+/* Device memory of a context: omp_target_* on a GPU, malloc/memcpy on the host (also in
+ * builds without offload, where libomptarget may not even be loaded). Return 0 on success. */
+void *kivi_dev_alloc(const kivi_context *ctx, size_t bytes);
+void kivi_dev_free(const kivi_context *ctx, void *p);
+int kivi_dev_put(const kivi_context *ctx, void *dst_dev, const void *src_host, size_t bytes);
+int kivi_dev_get(const kivi_context *ctx, void *dst_host, const void *src_dev, size_t bytes);
+
+/* Scratch memory of a cache that grows to the largest request (device memory). */
+typedef struct kivi_scratch {
+  void *p;
+  size_t bytes;
+} kivi_scratch;
+int kivi_scratch_reserve(const kivi_context *ctx, kivi_scratch *s, size_t bytes);
+void kivi_scratch_free(const kivi_context *ctx, kivi_scratch *s);
+
+struct kivi_cache {
+  kivi_context *ctx;
+  kivi_cache_config cfg;
+  kivi_layout lay;
+  int max_blocks;       /* block-table entries per (seq, layer): max_seq_len / R */
+  int64_t n_blocks;     /* pool size in blocks */
+  unsigned char *pool;  /* device: n_blocks * lay.block_bytes */
+  uint16_t *kres;       /* device: [seq][layer][H][R][D] fp16 */
+  uint16_t *vres;
+  int32_t *bt;          /* device: [seq][layer][max_blocks] block ids */
+  int32_t *bt_host;     /* host mirror of bt */
+  int32_t *len;         /* host: [seq][layer] lengths */
+  int32_t *free_list;   /* host: stack of free block ids */
+  int64_t n_free;
+  kivi_scratch stage;   /* append: raw input, fp16 tokens, flags */
+  kivi_scratch desc;    /* per-call descriptors */
+  kivi_scratch work;    /* attention: q, partials, outputs */
+};
+
+static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
+  return c->bt_host + ((size_t)seq * c->cfg.n_layers + layer) * c->max_blocks;
+}
+static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
+  return c->len[(size_t)seq * c->cfg.n_layers + layer];
+}
+
+/* Checks a list of sequence ids: non-NULL, in range, no duplicates. */
+kivi_status kivi_check_seq_ids(const kivi_cache *c, int n_seqs, const int *seq_ids);
+
+#endif

@@ -1,0 +1,53 @@
+/* Shared test helpers: a deterministic RNG, the suite runner (no fork: device state does not
+ * survive fork()), and the context every conformance test runs on. */
+#ifndef KIVI_CHECK_UTIL_H
+#define KIVI_CHECK_UTIL_H
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kivi.h"
+
+static inline uint64_t tu_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* uniform in [-1, 1) */
+static inline float tu_uniform(uint64_t *s) { return (float)((double)(tu_next(s) >> 11) / 4503599627370496.0 - 1.0); }
+
+static inline float *tu_random(size_t n, uint64_t seed, float amp) {
+  float *x = malloc(n * sizeof *x);
+  for (size_t i = 0; i < n; ++i) x[i] = amp * tu_uniform(&seed);
+  return x;
+}
+
+/* The context of the conformance tests: the default device (the GPU when there is one, host
+ * threads otherwise).  KIVI_TEST_EXPECT_GPU=1 makes a host context a failure. */
+static inline kivi_context *tu_context(void) {
+  kivi_context *ctx = NULL;
+  ck_assert_int_eq(kivi_context_create(&ctx, KIVI_DEVICE_DEFAULT), KIVI_OK);
+  const char *e = getenv("KIVI_TEST_EXPECT_GPU");
+  if (e && atoi(e) == 1) {
+    kivi_context_info info;
+    ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
+    ck_assert_msg(info.on_gpu == 1, "KIVI_TEST_EXPECT_GPU=1 but the context runs on the host");
+  }
+  return ctx;
+}
+
+static inline int tu_run(Suite *s) {
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_NOFORK);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+#endif

@@ -1,0 +1,30 @@
+/* Plain scalar reference for the tests and the benchmark: written from the specification in
+ * kivi.h and docs/FORMAT.md, sharing no code with the library (fp16 through the compiler's
+ * _Float16, attention in double). */
+#ifndef KIVI_REF_H
+#define KIVI_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+uint16_t ref_f16(float x);      /* round to nearest even, via _Float16 */
+float ref_f16_val(uint16_t h);  /* exact */
+float ref_round_f16(float x);   /* x rounded to the nearest fp16 value, as float */
+
+typedef struct ref_geom {
+  int D, H, G, R, kb, vb;
+} ref_geom;
+
+/* Expected export (kivi_cache_export_seq) of one sequence on one layer whose tokens are
+ * k, v: [L][H][D] fp32.  Returns a malloc'd buffer and its size. */
+unsigned char *ref_export(const ref_geom *g, int L, const float *k, const float *v, size_t *bytes);
+
+/* Dequantize an export back into kd, vd: [L][H][D] double. */
+void ref_dequant_export(const ref_geom *g, int L, const unsigned char *exp, double *kd, double *vd);
+
+/* Attention of one query row over T tokens (k, v: [T][H][D] double; q: [HQ][D]):
+ * out [HQ][D], lse [HQ] (natural log, may be NULL).  Double throughout. */
+void ref_attention(int T, int H, int HQ, int D, const double *k, const double *v, const float *q,
+                   double scale, double *out, double *lse);
+
+#endif

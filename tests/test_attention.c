@@ -1,0 +1,329 @@
+/* Fused attention against a double-precision reference computed on the dequantized cache
+ * (the export, dequantized by tests/ref).  Decode and extend, GQA ratios 1/3/4/8, ragged
+ * batches, boundary lengths, chunked prefill, fp16 output, device pointers, D = 64/96/128. */
+#include "check_util.h"
+#include "ref/kivi_ref.h"
+
+/* ATTN_REL_TOL: max |out - ref| / max |ref| with fp32 accumulation against double. */
+#define ATTN_REL_TOL 1e-5
+/* LSE_ABS_TOL: log-sum-exp in natural-log units (values of order 1..10). */
+#define LSE_ABS_TOL 2e-5
+
+static kivi_context *ctx;
+static void setup(void) { ctx = tu_context(); }
+static void teardown(void) { kivi_context_destroy(ctx); }
+
+typedef struct acase {
+  int D, H, HQ, kb, vb, G, R;
+} acase;
+
+static kivi_cache *make_cache(const acase *a, int seqs, int maxlen) {
+  kivi_cache_config cfg;
+  kivi_cache_config_init(&cfg, 1, a->H, a->D, seqs, maxlen);
+  cfg.k_bits = a->kb;
+  cfg.v_bits = a->vb;
+  cfg.group = a->G;
+  cfg.residual = a->R;
+  kivi_cache *c = NULL;
+  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
+  return c;
+}
+
+/* Keys with an outlier channel, values with a per-channel offset so outputs are O(1). */
+static void make_kv(const acase *a, int L, uint64_t seed, float **k, float **v) {
+  const size_t n = (size_t)(L > 0 ? L : 1) * a->H * a->D;
+  *k = tu_random(n, seed, 1.0f);
+  *v = tu_random(n, seed + 1, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    const int ch = (int)(i % (size_t)a->D);
+    if (ch == 3) (*k)[i] *= 20.0f;
+    (*v)[i] += 0.5f * (float)((ch * 37) % 11 - 5) / 5.0f;
+  }
+}
+
+/* The reference's view of one sequence: dequantized K/V of the cache [L][H][D]. */
+static void dequant_seq(const kivi_cache *c, const acase *a, int seq, int L, double **kd, double **vd) {
+  size_t n;
+  ck_assert_int_eq(kivi_cache_export_seq(c, seq, 0, NULL, &n), KIVI_OK);
+  unsigned char *e = malloc(n ? n : 1);
+  ck_assert_int_eq(kivi_cache_export_seq(c, seq, 0, e, &n), KIVI_OK);
+  const ref_geom g = {a->D, a->H, a->G, a->R, a->kb, a->vb};
+  const size_t ne = (size_t)(L > 0 ? L : 1) * a->H * a->D;
+  *kd = malloc(ne * sizeof(double));
+  *vd = malloc(ne * sizeof(double));
+  ref_dequant_export(&g, L, e, *kd, *vd);
+  free(e);
+}
+
+static double rel_err(const float *got, const double *want, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num = fmax(num, fabs((double)got[i] - want[i]));
+    den = fmax(den, fabs(want[i]));
+  }
+  return num / (den > 0 ? den : 1);
+}
+
+static void append_all(kivi_cache *c, int seq, int L, const float *k, const float *v) {
+  if (L == 0) return;
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, &seq, &L, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+}
+
+/* Decode over a ragged batch; every row against the reference on the dequantized cache.  Also
+ * reports (loosely bounded) the error against attention on the original fp32 K/V. */
+static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed) {
+  kivi_cache *c = make_cache(a, nseq, 4096);
+  float **k = malloc(sizeof(float *) * nseq), **v = malloc(sizeof(float *) * nseq);
+  for (int s = 0; s < nseq; ++s) {
+    make_kv(a, len[s], seed + 10 * (uint64_t)s, &k[s], &v[s]);
+    append_all(c, s, len[s], k[s], v[s]);
+  }
+  const size_t qn = (size_t)a->HQ * a->D;
+  float *q = tu_random(qn * nseq, seed + 99, 1.0f), *out = malloc(sizeof(float) * qn * nseq);
+  int *ids = malloc(sizeof(int) * nseq);
+  for (int s = 0; s < nseq; ++s) ids[s] = nseq - 1 - s; /* batch order != slot order */
+  const float scale = 1.0f / sqrtf((float)a->D);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, nseq, ids, a->HQ, q, scale, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  double *ref = malloc(sizeof(double) * qn), worst = 0, worst_fp = 0;
+  for (int i = 0; i < nseq; ++i) {
+    const int s = ids[i];
+    double *kd, *vd;
+    dequant_seq(c, a, s, len[s], &kd, &vd);
+    ref_attention(len[s], a->H, a->HQ, a->D, kd, vd, q + qn * i, scale, ref, NULL);
+    const double e = rel_err(out + qn * i, ref, qn);
+    ck_assert_msg(e <= ATTN_REL_TOL, "D%d H%d HQ%d k%d v%d L=%d: rel err %.3g > %.1g", a->D, a->H, a->HQ, a->kb,
+                  a->vb, len[s], e, ATTN_REL_TOL);
+    worst = fmax(worst, e);
+    /* against the original full-precision K/V */
+    const size_t ne = (size_t)len[s] * a->H * a->D;
+    for (size_t j = 0; j < ne; ++j) { kd[j] = k[s][j]; vd[j] = v[s][j]; }
+    ref_attention(len[s], a->H, a->HQ, a->D, kd, vd, q + qn * i, scale, ref, NULL);
+    worst_fp = fmax(worst_fp, rel_err(out + qn * i, ref, qn));
+    free(kd);
+    free(vd);
+  }
+  /* FP_REL_BOUND: quantization error, loose: 2-bit 0.35, 4-bit 0.05, 8-bit/fp16 0.005 */
+  const int b = a->kb < a->vb ? a->kb : a->vb;
+  const double bound = b == 2 ? 0.35 : b == 4 ? 0.05 : 0.005;
+  ck_assert_msg(worst_fp <= bound, "error vs fp32 K/V %.3g > %.3g", worst_fp, bound);
+  printf("decode D%-3d H%d HQ%-2d k%-2d v%-2d G%-3d R%-3d batch %d: rel err vs dequantized %.2e, vs fp32 K/V %.2e\n",
+         a->D, a->H, a->HQ, a->kb, a->vb, a->G, a->R, nseq, worst, worst_fp);
+  for (int s = 0; s < nseq; ++s) { free(k[s]); free(v[s]); }
+  free(k); free(v); free(q); free(out); free(ids); free(ref);
+  kivi_cache_destroy(c);
+}
+
+START_TEST(decode_boundary_lengths) {
+  const acase a = {128, 2, 2, 2, 2, 32, 128};
+  const int len[] = {1, 5, 127, 128, 129, 32, 2 * 128 + 32 + 3, 1500};
+  decode_case(&a, 8, len, 1);
+}
+END_TEST
+
+START_TEST(decode_gqa_ratios) {
+  const acase cases[] = {
+      {64, 3, 9, 2, 2, 32, 128},   /* SmolLM2: ratio 3 */
+      {128, 2, 8, 4, 4, 32, 128},  /* ratio 4 */
+      {128, 1, 8, 2, 4, 32, 64},   /* MQA, ratio 8 */
+      {64, 4, 4, 4, 2, 64, 128},   /* MHA, G=64 */
+      {128, 1, 32, 2, 2, 128, 128},/* 32 query heads over one kv-head: several head chunks */
+      {96, 2, 4, 8, 8, 32, 64},    /* head_dim 96 works too */
+      {128, 2, 4, 16, 16, 32, 128},/* the fp16 path */
+  };
+  const int len[] = {700, 129, 1, 300};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) decode_case(&cases[i], 4, len, 100 + i);
+}
+END_TEST
+
+/* Extend: rows see the cache plus the new tokens causally; checked against the reference on
+ * the dequantized cache extended by the new fp32 tokens.  lse too. */
+static void extend_check(kivi_cache *c, const acase *a, int seq, int L, int qlen, const float *q, const float *kn,
+                         const float *vn, const float *out, const float *lse, float scale) {
+  double *kd, *vd;
+  dequant_seq(c, a, seq, L, &kd, &vd);
+  const size_t row = (size_t)a->H * a->D, qn = (size_t)a->HQ * a->D;
+  kd = realloc(kd, sizeof(double) * (L + qlen) * row);
+  vd = realloc(vd, sizeof(double) * (L + qlen) * row);
+  for (size_t i = 0; i < (size_t)qlen * row; ++i) {
+    kd[(size_t)L * row + i] = kn[i];
+    vd[(size_t)L * row + i] = vn[i];
+  }
+  double *ref = malloc(sizeof(double) * qn), *rl = malloc(sizeof(double) * a->HQ);
+  for (int j = 0; j < qlen; ++j) {
+    ref_attention(L + j + 1, a->H, a->HQ, a->D, kd, vd, q + qn * j, scale, ref, rl);
+    const double e = rel_err(out + qn * j, ref, qn);
+    ck_assert_msg(e <= ATTN_REL_TOL, "extend L=%d row %d: rel err %.3g", L, j, e);
+    if (lse)
+      for (int h = 0; h < a->HQ; ++h)
+        ck_assert_msg(fabs(lse[(size_t)j * a->HQ + h] - rl[h]) <= LSE_ABS_TOL, "lse row %d head %d: %.7g vs %.7g", j, h,
+                      lse[(size_t)j * a->HQ + h], rl[h]);
+  }
+  free(kd); free(vd); free(ref); free(rl);
+}
+
+START_TEST(extend_chunked_prefill) {
+  const acase a = {64, 3, 9, 2, 2, 32, 128};
+  const int P = 700, chunk = 200;
+  float *k, *v;
+  make_kv(&a, P, 5, &k, &v);
+  const size_t row = (size_t)a.H * a.D, qn = (size_t)a.HQ * a.D;
+  float *q = tu_random(qn * P, 6, 1.0f), *out = malloc(sizeof(float) * qn * P), *lse = malloc(sizeof(float) * a.HQ * P);
+  const float scale = 0.125f;
+  kivi_cache *chunked = make_cache(&a, 1, 1024), *oneshot = make_cache(&a, 1, 1024);
+  const int id = 0;
+  for (int p0 = 0; p0 < P; p0 += chunk) {
+    const int n = P - p0 < chunk ? P - p0 : chunk;
+    ck_assert_int_eq(kivi_attention_extend(chunked, 0, 1, &id, &n, a.HQ, q + qn * p0, k + row * p0, v + row * p0, scale,
+                                           out + qn * p0, lse + (size_t)a.HQ * p0, KIVI_MEM_HOST), KIVI_OK);
+    extend_check(chunked, &a, 0, p0, n, q + qn * p0, k + row * p0, v + row * p0, out + qn * p0,
+                 lse + (size_t)a.HQ * p0, scale);
+    ck_assert_int_eq(kivi_cache_append(chunked, 0, 1, &id, &n, k + row * p0, v + row * p0, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  }
+  /* one shot over the empty cache: the reference is plain fp32 attention, causal */
+  ck_assert_int_eq(kivi_attention_extend(oneshot, 0, 1, &id, &P, a.HQ, q, k, v, scale, out, NULL, KIVI_MEM_HOST), KIVI_OK);
+  extend_check(oneshot, &a, 0, 0, P, q, k, v, out, NULL, scale);
+  ck_assert_int_eq(kivi_cache_append(oneshot, 0, 1, &id, &P, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  /* both prefills leave the same cache */
+  size_t n1, n2;
+  ck_assert_int_eq(kivi_cache_export_seq(chunked, 0, 0, NULL, &n1), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_export_seq(oneshot, 0, 0, NULL, &n2), KIVI_OK);
+  ck_assert_uint_eq(n1, n2);
+  unsigned char *b1 = malloc(n1), *b2 = malloc(n2);
+  ck_assert_int_eq(kivi_cache_export_seq(chunked, 0, 0, b1, &n1), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_export_seq(oneshot, 0, 0, b2, &n2), KIVI_OK);
+  ck_assert_int_eq(memcmp(b1, b2, n1), 0);
+  free(b1); free(b2); free(k); free(v); free(q); free(out); free(lse);
+  kivi_cache_destroy(chunked);
+  kivi_cache_destroy(oneshot);
+}
+END_TEST
+
+/* While the prompt fits in the fp16 window (P <= R) and the inputs are fp16 values, chunked and
+ * one-shot prefill see the same numbers: their outputs agree to fp32 accuracy. */
+START_TEST(extend_chunked_equals_oneshot_in_window) {
+  const acase a = {128, 2, 8, 2, 2, 32, 128};
+  const int P = 120, chunk = 37;
+  float *k, *v;
+  make_kv(&a, P, 8, &k, &v);
+  const size_t row = (size_t)a.H * a.D, qn = (size_t)a.HQ * a.D;
+  for (size_t i = 0; i < (size_t)P * row; ++i) { k[i] = ref_round_f16(k[i]); v[i] = ref_round_f16(v[i]); }
+  float *q = tu_random(qn * P, 9, 1.0f), *o1 = malloc(sizeof(float) * qn * P), *o2 = malloc(sizeof(float) * qn * P);
+  kivi_cache *c1 = make_cache(&a, 1, 512), *c2 = make_cache(&a, 1, 512);
+  const int id = 0;
+  for (int p0 = 0; p0 < P; p0 += chunk) {
+    const int n = P - p0 < chunk ? P - p0 : chunk;
+    ck_assert_int_eq(kivi_attention_extend(c1, 0, 1, &id, &n, a.HQ, q + qn * p0, k + row * p0, v + row * p0, 0.09f,
+                                           o1 + qn * p0, NULL, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_append(c1, 0, 1, &id, &n, k + row * p0, v + row * p0, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  }
+  ck_assert_int_eq(kivi_attention_extend(c2, 0, 1, &id, &P, a.HQ, q, k, v, 0.09f, o2, NULL, KIVI_MEM_HOST), KIVI_OK);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < qn * P; ++i) { num = fmax(num, fabs(o1[i] - o2[i])); den = fmax(den, fabs(o2[i])); }
+  ck_assert_msg(num / den <= ATTN_REL_TOL, "chunked vs one-shot: %.3g", num / den);
+  free(k); free(v); free(q); free(o1); free(o2);
+  kivi_cache_destroy(c1);
+  kivi_cache_destroy(c2);
+}
+END_TEST
+
+/* Decode after appending a token equals extend with q_len = 1 before appending it, when the
+ * token is an fp16 value and the append quantizes nothing (the token stays in both windows);
+ * past the window both are checked against the reference of their own cache state. */
+START_TEST(decode_equals_extend_qlen1) {
+  const acase a = {64, 3, 9, 4, 2, 32, 64};
+  const int lens[] = {0, 10, 62};
+  for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li) {
+    const int L = lens[li];
+    float *k, *v;
+    make_kv(&a, L + 1, 20 + li, &k, &v);
+    const size_t row = (size_t)a.H * a.D, qn = (size_t)a.HQ * a.D;
+    for (size_t i = 0; i < (size_t)(L + 1) * row; ++i) { k[i] = ref_round_f16(k[i]); v[i] = ref_round_f16(v[i]); }
+    float *q = tu_random(qn, 30 + li, 1.0f), o1[9 * 64], o2[9 * 64];
+    kivi_cache *c = make_cache(&a, 1, 256);
+    const int id = 0, one = 1;
+    append_all(c, 0, L, k, v);
+    ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, &one, a.HQ, q, k + row * L, v + row * L, 0.125f, o1, NULL,
+                                           KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_append(c, 0, 1, &id, &one, k + row * L, v + row * L, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, a.HQ, q, 0.125f, o2, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < qn; ++i) { num = fmax(num, fabs(o1[i] - o2[i])); den = fmax(den, fabs(o2[i])); }
+    ck_assert_msg(num / den <= ATTN_REL_TOL, "L=%d: decode vs extend(1) %.3g", L, num / den);
+    free(k); free(v); free(q);
+    kivi_cache_destroy(c);
+  }
+}
+END_TEST
+
+/* fp16 output = fp16 rounding of the fp32 output; device pointers give the host-pointer result. */
+START_TEST(decode_f16_out_and_device_pointers) {
+  const acase a = {128, 2, 8, 2, 2, 32, 128};
+  const int L = 900, id = 0;
+  float *k, *v;
+  make_kv(&a, L, 40, &k, &v);
+  kivi_cache *c = make_cache(&a, 1, 1024);
+  append_all(c, 0, L, k, v);
+  const size_t qn = (size_t)a.HQ * a.D;
+  float *q = tu_random(qn, 41, 1.0f), out[8 * 128], out_dev[8 * 128];
+  uint16_t out16[8 * 128];
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, a.HQ, q, 0.1f, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, a.HQ, q, 0.1f, out16, KIVI_F16, KIVI_MEM_HOST), KIVI_OK);
+  for (size_t i = 0; i < qn; ++i) ck_assert_uint_eq(out16[i], ref_f16(out[i]));
+  void *dq = NULL, *dout = NULL;
+  ck_assert_int_eq(kivi_context_alloc(ctx, qn * 4, &dq), KIVI_OK);
+  ck_assert_int_eq(kivi_context_alloc(ctx, qn * 4, &dout), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dq, q, qn * 4), KIVI_OK);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, a.HQ, (const float *)dq, 0.1f, dout, KIVI_F32, KIVI_MEM_DEVICE),
+                   KIVI_OK);
+  ck_assert_int_eq(kivi_context_download(ctx, out_dev, dout, qn * 4), KIVI_OK);
+  ck_assert_int_eq(memcmp(out, out_dev, qn * 4), 0);
+  kivi_context_free(ctx, dq);
+  kivi_context_free(ctx, dout);
+  free(k); free(v); free(q);
+  kivi_cache_destroy(c);
+}
+END_TEST
+
+START_TEST(bad_arguments) {
+  const acase a = {64, 2, 4, 2, 2, 32, 128};
+  kivi_cache *c = make_cache(&a, 2, 256);
+  float *k, *v;
+  make_kv(&a, 10, 50, &k, &v);
+  append_all(c, 0, 10, k, v);
+  float q[4 * 64] = {0}, out[4 * 64];
+  const int id = 0, empty = 1, two[2] = {0, 0}, ql = 1, ql0 = 0;
+  ck_assert_int_eq(kivi_attention_decode(NULL, 0, 1, &id, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 1, 1, &id, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 3, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 0, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 4, NULL, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 4, q, 1, NULL, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 4, q, NAN, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 4, q, 1, out, KIVI_BF16, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &empty, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 2, two, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 0, &id, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, &ql0, 4, q, k, v, 1, out, NULL, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, &ql, 4, q, NULL, v, 1, out, NULL, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, NULL, 4, q, k, v, 1, out, NULL, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, &ql, 4, q, k, v, 1, out, NULL, (kivi_mem)3), KIVI_ERR_ARG);
+  free(k);
+  free(v);
+  kivi_cache_destroy(c);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("attention");
+  TCase *tc = tcase_create("attention");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, decode_boundary_lengths);
+  tcase_add_test(tc, decode_gqa_ratios);
+  tcase_add_test(tc, extend_chunked_prefill);
+  tcase_add_test(tc, extend_chunked_equals_oneshot_in_window);
+  tcase_add_test(tc, decode_equals_extend_qlen1);
+  tcase_add_test(tc, decode_f16_out_and_device_pointers);
+  tcase_add_test(tc, bad_arguments);
+  suite_add_tcase(s, tc);
+  return tu_run(s);
+}

@@ -1,0 +1,332 @@
+/* Cache manager: configuration checks, rejected calls leave the cache untouched, capacity,
+ * reset, accounting, input dtypes and device-pointer inputs. */
+#include "check_util.h"
+#include "ref/kivi_ref.h"
+
+static kivi_context *ctx;
+
+static void setup(void) { ctx = tu_context(); }
+static void teardown(void) { kivi_context_destroy(ctx); }
+
+static kivi_cache *make(int layers, int H, int D, int seqs, int maxlen, int kb, int vb, int G, int R) {
+  kivi_cache_config cfg;
+  kivi_cache_config_init(&cfg, layers, H, D, seqs, maxlen);
+  cfg.k_bits = kb;
+  cfg.v_bits = vb;
+  cfg.group = G;
+  cfg.residual = R;
+  kivi_cache *c = NULL;
+  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
+  return c;
+}
+
+/* Snapshot of everything observable: every (seq, layer) export and length, and the stats. */
+typedef struct snapshot {
+  unsigned char *bytes;
+  size_t n;
+  kivi_cache_stats st;
+} snapshot;
+
+static snapshot snap(const kivi_cache *c) {
+  kivi_cache_config cfg;
+  ck_assert_int_eq(kivi_cache_get_config(c, &cfg), KIVI_OK);
+  snapshot s = {NULL, 0, {0}};
+  for (int q = 0; q < cfg.max_seqs; ++q)
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      size_t n = 0;
+      int len = -1;
+      ck_assert_int_eq(kivi_cache_seq_length(c, q, l, &len), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_export_seq(c, q, l, NULL, &n), KIVI_OK);
+      s.bytes = realloc(s.bytes, s.n + n + sizeof len);
+      memcpy(s.bytes + s.n, &len, sizeof len);
+      ck_assert_int_eq(kivi_cache_export_seq(c, q, l, s.bytes + s.n + sizeof len, &n), KIVI_OK);
+      s.n += n + sizeof len;
+    }
+  ck_assert_int_eq(kivi_cache_get_stats(c, &s.st), KIVI_OK);
+  return s;
+}
+
+static void same(const snapshot *a, const snapshot *b) {
+  ck_assert_uint_eq(a->n, b->n);
+  ck_assert_int_eq(memcmp(a->bytes, b->bytes, a->n), 0);
+  ck_assert_int_eq(memcmp(&a->st, &b->st, sizeof a->st), 0);
+}
+
+START_TEST(config_validation) {
+  kivi_cache_config cfg, bad;
+  kivi_cache_config_init(&cfg, 2, 4, 128, 2, 1024);
+  ck_assert_int_eq(kivi_cache_config_check(&cfg), KIVI_OK);
+  ck_assert_int_eq(cfg.k_bits, 2);
+  ck_assert_int_eq(cfg.group, 32);
+  ck_assert_int_eq(cfg.residual, 128);
+  ck_assert_int_eq(kivi_cache_config_check(NULL), KIVI_ERR_ARG);
+#define EXPECT(field, value, status)                       \
+  bad = cfg;                                               \
+  bad.field = value;                                       \
+  ck_assert_int_eq(kivi_cache_config_check(&bad), status); \
+  {                                                        \
+    kivi_cache *c_ = (kivi_cache *)0x1;                    \
+    ck_assert_int_eq(kivi_cache_create(ctx, &bad, &c_), status); \
+    ck_assert_ptr_null(c_);                                \
+  }
+  EXPECT(n_layers, 0, KIVI_ERR_ARG);
+  EXPECT(n_kv_heads, -1, KIVI_ERR_ARG);
+  EXPECT(max_seqs, 0, KIVI_ERR_ARG);
+  EXPECT(max_seq_len, 0, KIVI_ERR_ARG);
+  EXPECT(pool_tokens, -5, KIVI_ERR_ARG);
+  EXPECT(k_bits, 3, KIVI_ERR_UNSUPPORTED);
+  EXPECT(v_bits, 1, KIVI_ERR_UNSUPPORTED);
+  EXPECT(k_bits, 0, KIVI_ERR_UNSUPPORTED);
+  EXPECT(group, 16, KIVI_ERR_UNSUPPORTED);
+  EXPECT(group, 48, KIVI_ERR_UNSUPPORTED);
+  EXPECT(residual, 100, KIVI_ERR_UNSUPPORTED);
+  EXPECT(residual, 2048, KIVI_ERR_UNSUPPORTED);
+  EXPECT(head_dim, 48, KIVI_ERR_UNSUPPORTED);
+  EXPECT(head_dim, 512, KIVI_ERR_UNSUPPORTED);
+  EXPECT(head_dim, 0, KIVI_ERR_ARG);
+#undef EXPECT
+  bad = cfg;
+  bad.head_dim = 64;
+  bad.group = 128; /* V groups must divide head_dim */
+  ck_assert_int_eq(kivi_cache_config_check(&bad), KIVI_ERR_UNSUPPORTED);
+  kivi_cache *c = NULL;
+  ck_assert_int_eq(kivi_cache_create(NULL, &cfg, &c), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_create(ctx, NULL, &c), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, NULL), KIVI_ERR_ARG);
+  kivi_cache_destroy(NULL);
+}
+END_TEST
+
+START_TEST(rejected_calls_change_nothing) {
+  enum { H = 2, D = 64, N = 100 };
+  kivi_cache *c = make(2, H, D, 3, 512, 2, 4, 32, 64);
+  float *k = tu_random((size_t)N * H * D, 1, 1.0f), *v = tu_random((size_t)N * H * D, 2, 1.0f);
+  int ids[2] = {0, 2}, n[2] = {70, 30};
+  ck_assert_int_eq(kivi_cache_append(c, 1, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  const snapshot before = snap(c);
+  int dup[2] = {1, 1}, oob[2] = {0, 3}, neg[2] = {-1, 0}, nn[2] = {5, -1}, big[2] = {5, 500};
+  ck_assert_int_eq(kivi_cache_append(NULL, 0, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 2, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, -1, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 0, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, NULL, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, NULL, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, n, NULL, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, n, k, NULL, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, dup, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, oob, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, neg, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, nn, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, n, k, v, (kivi_dtype)7, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, n, k, v, KIVI_F32, (kivi_mem)5), KIVI_ERR_ARG);
+  /* seq 2 on layer 1 has 30 tokens: 30 + 500 > max_seq_len 512 */
+  ck_assert_int_eq(kivi_cache_append(c, 1, 2, ids, big, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_CAPACITY);
+  /* non-finite input anywhere, in K or V, in any dtype */
+  const float bad_values[] = {NAN, INFINITY, -INFINITY, 65520.0f, -1e6f};
+  for (size_t b = 0; b < sizeof bad_values / sizeof bad_values[0]; ++b) {
+    const size_t at = (size_t)(b * 977) % ((size_t)N * H * D);
+    float keep = k[at];
+    k[at] = bad_values[b];
+    ck_assert_int_eq(kivi_cache_append(c, 1, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_NONFINITE);
+    k[at] = keep;
+    keep = v[at + 1];
+    v[at + 1] = bad_values[b];
+    ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_NONFINITE);
+    v[at + 1] = keep;
+  }
+  uint16_t h16[H * D] = {0};
+  h16[7] = 0x7e00; /* fp16 NaN */
+  const int one = 1;
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, ids, &one, h16, h16, KIVI_F16, KIVI_MEM_HOST), KIVI_ERR_NONFINITE);
+  h16[7] = 0x7f80; /* bf16 Inf */
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, ids, &one, h16, h16, KIVI_BF16, KIVI_MEM_HOST), KIVI_ERR_NONFINITE);
+  /* other calls with bad arguments */
+  int len;
+  ck_assert_int_eq(kivi_cache_seq_length(c, 3, 0, &len), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_seq_length(c, 0, 2, &len), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_seq_length(c, 0, 0, NULL), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_reset_seq(c, 3), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_reset_seq(NULL, 0), KIVI_ERR_ARG);
+  size_t sz = 0;
+  ck_assert_int_eq(kivi_cache_export_seq(c, 0, 1, NULL, &sz), KIVI_OK);
+  unsigned char *buf = malloc(sz);
+  size_t small = sz - 1;
+  ck_assert_int_eq(kivi_cache_export_seq(c, 0, 1, buf, &small), KIVI_ERR_BUFFER);
+  ck_assert_int_eq(kivi_cache_export_seq(c, 0, 1, buf, NULL), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_get_stats(c, NULL), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_get_config(NULL, NULL), KIVI_ERR_ARG);
+  free(buf);
+  const snapshot after = snap(c);
+  same(&before, &after);
+  free(before.bytes);
+  free(after.bytes);
+  free(k);
+  free(v);
+  kivi_cache_destroy(c);
+}
+END_TEST
+
+START_TEST(pool_capacity_and_reset) {
+  enum { H = 1, D = 32, R = 32 };
+  /* pool of 4 blocks per layer (128 tokens) shared by 3 sequences of up to 1000 tokens */
+  kivi_cache_config cfg;
+  kivi_cache_config_init(&cfg, 1, H, D, 3, 1000);
+  cfg.group = 32;
+  cfg.residual = R;
+  cfg.pool_tokens = 128;
+  kivi_cache *c = NULL;
+  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
+  float *k = tu_random(1000 * D, 3, 2.0f), *v = tu_random(1000 * D, 4, 2.0f);
+  kivi_cache_stats st;
+  ck_assert_int_eq(kivi_cache_get_stats(c, &st), KIVI_OK);
+  ck_assert_int_eq(st.free_blocks, 4);
+  int id = 0, n = 3 * R + 5; /* 3 blocks */
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_get_stats(c, &st), KIVI_OK);
+  ck_assert_int_eq(st.free_blocks, 1);
+  const snapshot before = snap(c);
+  id = 1;
+  n = 2 * R; /* needs 2, 1 free: rejected whole */
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_CAPACITY);
+  const snapshot after = snap(c);
+  same(&before, &after);
+  n = R - 1; /* fits in the residual window: no block needed */
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_reset_seq(c, 0), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_get_stats(c, &st), KIVI_OK);
+  ck_assert_int_eq(st.free_blocks, 4);
+  ck_assert_int_eq(st.tokens, R - 1);
+  int len = -1;
+  ck_assert_int_eq(kivi_cache_seq_length(c, 0, 0, &len), KIVI_OK);
+  ck_assert_int_eq(len, 0);
+  /* the freed blocks serve another sequence, whose export matches the reference */
+  id = 2;
+  n = 4 * R;
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  const ref_geom g = {D, H, 32, R, 2, 2};
+  size_t want_n, got_n;
+  unsigned char *want = ref_export(&g, n, k, v, &want_n);
+  ck_assert_int_eq(kivi_cache_export_seq(c, 2, 0, NULL, &got_n), KIVI_OK);
+  ck_assert_uint_eq(got_n, want_n);
+  unsigned char *got = malloc(got_n);
+  ck_assert_int_eq(kivi_cache_export_seq(c, 2, 0, got, &got_n), KIVI_OK);
+  ck_assert_int_eq(memcmp(got, want, got_n), 0);
+  free(got);
+  free(want);
+  free(before.bytes);
+  free(after.bytes);
+  free(k);
+  free(v);
+  kivi_cache_destroy(c);
+}
+END_TEST
+
+/* Accounting against hand formulas for a Llama-shaped layer: 2-bit K and V, G=32, R=128. */
+START_TEST(accounting) {
+  enum { H = 4, D = 128, L = 1000 };
+  kivi_cache *c = make(1, H, D, 1, 4096, 2, 2, 32, 128);
+  float *k = tu_random((size_t)L * H * D, 5, 1.0f), *v = tu_random((size_t)L * H * D, 6, 1.0f);
+  const int id = 0, n = L;
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  kivi_cache_stats st;
+  ck_assert_int_eq(kivi_cache_get_stats(c, &st), KIVI_OK);
+  /* keys: 896 quantized (7 blocks), 104 fp16; values: 872 quantized, 128 fp16 */
+  ck_assert_int_eq(st.tokens, L);
+  ck_assert_uint_eq(st.code_bytes, (size_t)H * (896 + 872) * D * 2 / 8);
+  ck_assert_uint_eq(st.scale_zero_bytes, (size_t)H * ((896 / 32) * D * 4 + 872 * (D / 32) * 4));
+  ck_assert_uint_eq(st.residual_bytes, (size_t)H * (104 + 128) * D * 2);
+  ck_assert_uint_eq(st.bookkeeping_bytes, 7 * 4 + 4);
+  ck_assert_uint_eq(st.total_bytes, st.code_bytes + st.scale_zero_bytes + st.residual_bytes + st.bookkeeping_bytes);
+  ck_assert_uint_eq(st.fp16_bytes, (size_t)L * H * D * 4);
+  ck_assert_double_eq_tol(st.bits_per_element, st.total_bytes * 8.0 / (2.0 * L * H * D), 1e-12);
+  ck_assert(st.allocated_bytes > st.total_bytes);
+  size_t exp_n;
+  ck_assert_int_eq(kivi_cache_export_seq(c, 0, 0, NULL, &exp_n), KIVI_OK);
+  ck_assert_uint_eq(exp_n, st.total_bytes - st.bookkeeping_bytes);
+  free(k);
+  free(v);
+  kivi_cache_destroy(c);
+}
+END_TEST
+
+/* fp16, bf16 and fp32 inputs that hold the same values give the same cache; device-pointer
+ * inputs give the same cache as host-pointer inputs. */
+START_TEST(dtypes_and_device_pointers) {
+  enum { H = 2, D = 64, N = 300 };
+  const size_t ne = (size_t)N * H * D;
+  float *k = tu_random(ne, 7, 3.0f), *v = tu_random(ne, 8, 3.0f);
+  uint16_t *kb = malloc(ne * 2), *vb = malloc(ne * 2), *kh = malloc(ne * 2), *vh = malloc(ne * 2);
+  for (size_t i = 0; i < ne; ++i) { /* values exact in bf16 and in fp16 */
+    uint32_t u;
+    memcpy(&u, &k[i], 4);
+    u &= 0xfffe0000u; /* 7-bit mantissa, exponents well inside fp16's range */
+    memcpy(&k[i], &u, 4);
+    memcpy(&u, &v[i], 4);
+    u &= 0xfffe0000u;
+    memcpy(&v[i], &u, 4);
+    memcpy(&u, &k[i], 4);
+    kb[i] = (uint16_t)(u >> 16);
+    memcpy(&u, &v[i], 4);
+    vb[i] = (uint16_t)(u >> 16);
+    kh[i] = ref_f16(k[i]);
+    vh[i] = ref_f16(v[i]);
+  }
+  kivi_cache *c32 = make(1, H, D, 1, 1024, 4, 2, 32, 64);
+  kivi_cache *c16 = make(1, H, D, 1, 1024, 4, 2, 32, 64);
+  kivi_cache *cbf = make(1, H, D, 1, 1024, 4, 2, 32, 64);
+  kivi_cache *cdev = make(1, H, D, 1, 1024, 4, 2, 32, 64);
+  const int id = 0, n = N;
+  ck_assert_int_eq(kivi_cache_append(c32, 0, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(c16, 0, 1, &id, &n, kh, vh, KIVI_F16, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(cbf, 0, 1, &id, &n, kb, vb, KIVI_BF16, KIVI_MEM_HOST), KIVI_OK);
+  void *dk = NULL, *dv = NULL;
+  ck_assert_int_eq(kivi_context_alloc(ctx, ne * 4, &dk), KIVI_OK);
+  ck_assert_int_eq(kivi_context_alloc(ctx, ne * 4, &dv), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dk, k, ne * 4), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dv, v, ne * 4), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(cdev, 0, 1, &id, &n, dk, dv, KIVI_F32, KIVI_MEM_DEVICE), KIVI_OK);
+  const snapshot a = snap(c32), b = snap(c16), d = snap(cbf), e = snap(cdev);
+  same(&a, &b);
+  same(&a, &d);
+  same(&a, &e);
+  free(a.bytes); free(b.bytes); free(d.bytes); free(e.bytes);
+  kivi_context_free(ctx, dk);
+  kivi_context_free(ctx, dv);
+  kivi_cache_destroy(c32); kivi_cache_destroy(c16); kivi_cache_destroy(cbf); kivi_cache_destroy(cdev);
+  free(k); free(v); free(kb); free(vb); free(kh); free(vh);
+}
+END_TEST
+
+/* Layers are independent: appending to layer 1 leaves layer 0 empty and vice versa. */
+START_TEST(layers_independent) {
+  enum { H = 1, D = 32, N = 70 };
+  kivi_cache *c = make(3, H, D, 1, 256, 2, 2, 32, 32);
+  float *k = tu_random(N * D, 9, 1.0f), *v = tu_random(N * D, 10, 1.0f);
+  const int id = 0, n = N;
+  ck_assert_int_eq(kivi_cache_append(c, 1, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  int l0, l1, l2;
+  ck_assert_int_eq(kivi_cache_seq_length(c, 0, 0, &l0), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_seq_length(c, 0, 1, &l1), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_seq_length(c, 0, 2, &l2), KIVI_OK);
+  ck_assert_int_eq(l0, 0);
+  ck_assert_int_eq(l1, N);
+  ck_assert_int_eq(l2, 0);
+  free(k);
+  free(v);
+  kivi_cache_destroy(c);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cache");
+  TCase *tc = tcase_create("cache");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, config_validation);
+  tcase_add_test(tc, rejected_calls_change_nothing);
+  tcase_add_test(tc, pool_capacity_and_reset);
+  tcase_add_test(tc, accounting);
+  tcase_add_test(tc, dtypes_and_device_pointers);
+  tcase_add_test(tc, layers_independent);
+  suite_add_tcase(s, tc);
+  return tu_run(s);
+}
