@@ -123,6 +123,13 @@ typedef struct kivi_cache kivi_cache;
 
 typedef enum kivi_dtype { KIVI_F32 = 0, KIVI_F16 = 1, KIVI_BF16 = 2 } kivi_dtype;
 
+/* Which attention kernel a cache may use. */
+typedef enum kivi_attention_mode {
+  KIVI_ATTENTION_FAST = 0, /* fastest kernel available: on a GPU, for 2-bit K/V, head_dim 128 and G = 32,
+                              an f16x2 kernel (fp16-attention accuracy, about 1e-3 relative) */
+  KIVI_ATTENTION_FP32 = 1  /* always the portable kernel: fp32 accumulation (about 1e-6 relative) */
+} kivi_attention_mode;
+
 typedef struct kivi_cache_config {
   int n_layers;    /* >= 1 */
   int n_kv_heads;  /* >= 1 */
@@ -135,9 +142,10 @@ typedef struct kivi_cache_config {
   int v_bits;      /* 2, 4, 8, or 16 */
   int group;       /* G: 32, 64 or 128; must divide head_dim */
   int residual;    /* R: multiple of G, G..1024 (paper default G=32, R=128) */
+  int attention;   /* kivi_attention_mode (default KIVI_ATTENTION_FAST) */
 } kivi_cache_config;
 
-/* Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, one sequence. */
+/* Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, fast attention. */
 KIVI_API void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads,
                                      int head_dim, int max_seqs, int max_seq_len);
 
@@ -201,6 +209,12 @@ KIVI_API kivi_status kivi_cache_export_seq(const kivi_cache *cache, int seq_id, 
  * n_q_heads must be a multiple of n_kv_heads (MHA, GQA, MQA); q head h reads kv-head
  * h / (n_q_heads / n_kv_heads).  softmax_scale is usually 1/sqrt(head_dim).  Accumulation is
  * fp32 with one softmax over the quantized and the residual tokens together. */
+
+/* Kernels that computed the last successful attention call of a cache (a bit mask), so a caller
+ * can tell which code path and accuracy class produced a result. */
+#define KIVI_KERNEL_PORTABLE 1u  /* the portable OpenMP kernel (GPU or host threads), fp32 */
+#define KIVI_KERNEL_GPU_F16X2 2u /* the GPU f16x2 kernel for the quantized part (KIVI_ATTENTION_FAST) */
+KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
 /* Decode: one query token per sequence over everything in the cache for that sequence
  * (append the token's own K/V first).

@@ -21,46 +21,102 @@
 #include "internal.h"
 #include "kernels_attn.h"
 
-/* Team-shared capacities (floats): query heads x head_dim of one chunk, and logits of a tile. */
-#define KIVI_ATT_QMAX 2048
-#define KIVI_ATT_PMAX 4096
-#define KIVI_ATT_HMAX (KIVI_ATT_QMAX / KIVI_MIN_HEAD_DIM)
-#define KIVI_ATT_NT 128          /* threads per team on the GPU */
-#define KIVI_ATT_MIN_SPLIT 256   /* tokens: smaller splits cost more in combining than they give */
-#define KIVI_ATT_GPU_ITEMS 2048  /* enough teams to fill an H200 (132 SMs) several times */
-_Static_assert(KIVI_ATT_QMAX % KIVI_MAX_HEAD_DIM == 0, "a chunk holds at least one head");
+/* Team-shared capacities (floats).  Static shared memory is limited to 48 KiB per team. */
+#define KIVI_ATT_QCAP 1024  /* query heads x head_dim of one item */
+#define KIVI_ATT_TILE 128   /* tokens per K staging tile (a multiple of every G) */
+#define KIVI_ATT_QSCAP 4096 /* q * scale of a tile's key groups, per head */
+#define KIVI_ATT_PCAP 4096  /* logits / probabilities of a split, per head */
+#define KIVI_ATT_OCAP 2048  /* V partial sums: token lanes x head_dim (= threads x 32/bits) */
+#define KIVI_ATT_NT 128     /* threads per team on the GPU */
+#define KIVI_ATT_GPU_ITEMS 2048 /* enough teams to fill an H200 (132 SMs) several times */
+_Static_assert(KIVI_ATT_QCAP >= KIVI_MAX_HEAD_DIM, "an item holds at least one head");
+_Static_assert(KIVI_ATT_QSCAP >= (KIVI_ATT_TILE / KIVI_MIN_GROUP) * KIVI_MAX_HEAD_DIM, "a tile's groups fit");
+_Static_assert(KIVI_ATT_OCAP >= KIVI_ATT_NT * 16, "V partials of all lanes fit");
+_Static_assert(KIVI_ATT_PCAP % KIVI_ATT_TILE == 0, "splits are whole tiles");
 
-enum { R_SEQ, R_LC, R_E, R_NEW, R_NCOLS };
+enum { R_SEQ, R_LC, R_E, R_NEW, R_BEG, R_NCOLS }; /* R_BEG: first token of the portable kernel */
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+#pragma omp declare target
+/* All-reduce (max or sum) over the threads of a team; every thread must call it. */
+static inline float kivi_team_reduce(float v, int is_max, float *red, int tid, int nth) {
+#if defined(__NVPTX__)
+  if ((nth & 31) == 0) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float w = __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, o, 0x1f);
+      v = is_max ? fmaxf(v, w) : v + w;
+    }
+    if ((tid & 31) == 0) red[tid >> 5] = v;
+#pragma omp barrier
+    float r = red[0];
+    for (int i = 1; i < (nth >> 5); ++i) r = is_max ? fmaxf(r, red[i]) : r + red[i];
+#pragma omp barrier
+    return r;
+  }
+#endif
+  red[tid] = v;
+#pragma omp barrier
+  float r = red[0];
+  for (int i = 1; i < nth; ++i) r = is_max ? fmaxf(r, red[i]) : r + red[i];
+#pragma omp barrier
+  return r;
+}
+#pragma omp end declare target
+
+/* Heads per item and tokens per split: the split's logits of all the item's heads must fit in
+ * KIVI_ATT_PCAP, and there must be enough items to fill the device. */
+typedef struct att_plan {
+  int hc, nqc;
+  int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
+  int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
+  int64_t nslots;                    /* partials per (row, head): nf + nsplit */
+} att_plan;
+
+static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, int on_gpu) {
+  const int D = c->cfg.head_dim, H = c->cfg.n_kv_heads, G = c->cfg.group, gsz = HQ / H;
+  att_plan p;
+  p.hc = gsz;
+  if (p.hc > KIVI_ATT_HC) p.hc = KIVI_ATT_HC;
+  if (p.hc > KIVI_ATT_QCAP / D) p.hc = KIVI_ATT_QCAP / D;
+  if (p.hc > KIVI_ATT_QSCAP / ((KIVI_ATT_TILE / G) * D)) p.hc = KIVI_ATT_QSCAP / ((KIVI_ATT_TILE / G) * D);
+  p.nqc = (gsz + p.hc - 1) / p.hc;
+  const int64_t base = (int64_t)rows * H * p.nqc;
+  const int64_t cap = (KIVI_ATT_PCAP / p.hc) / KIVI_ATT_TILE * KIVI_ATT_TILE; /* >= 512 */
+  const int64_t want_items = on_gpu ? KIVI_ATT_GPU_ITEMS : 4 * (int64_t)omp_get_max_threads();
+  int64_t want = (want_items + base - 1) / base; /* splits per row for enough items */
+  int64_t len = (maxT + want - 1) / want;
+  len = (len + KIVI_ATT_TILE - 1) / KIVI_ATT_TILE * KIVI_ATT_TILE;
+  if (len < 512) len = 512; /* shorter splits cost more in combining than they give */
+  if (len > cap) len = cap;
+  p.split_len = len;
+  p.nsplit = (maxT + len - 1) / len;
+  p.nitems = base * p.nsplit;
+  p.nf = 0;
+  p.nslots = p.nsplit;
+  return p;
+}
+
 /* Shared by decode and extend once the rows are described; q/k_new/v_new/out/lse are device
  * pointers or NULL. */
-static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *hd, int64_t maxT,
-                            int HQ, const float *q, const float *kn, const float *vn, float scale,
-                            void *out, int out_f16, float *lse, unsigned char *scratch) {
+static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *hd, const att_plan *pl, int HQ,
+                            const float *q, const float *kn, const float *vn, float scale, void *out, int out_f16,
+                            float *lse, unsigned char *scratch) {
   const kivi_context *ctx = c->ctx;
   const kivi_layout lay = c->lay;
   const int H = lay.H, D = lay.D, R = lay.R, G = lay.G, NL = c->cfg.n_layers, MB = c->max_blocks;
-  const int gsz = HQ / H;
-  const int hc = gsz < KIVI_ATT_QMAX / D ? gsz : KIVI_ATT_QMAX / D;
-  const int nqc = (gsz + hc - 1) / hc;
-  const int tile = KIVI_ATT_PMAX / hc;
-  const int64_t base_items = (int64_t)rows * H * nqc;
-  int64_t nsplit = 1;
-  if (ctx->on_gpu && base_items < KIVI_ATT_GPU_ITEMS) nsplit = (KIVI_ATT_GPU_ITEMS + base_items - 1) / base_items;
-  else if (!ctx->on_gpu && base_items < 4 * omp_get_max_threads()) nsplit = 4;
-  const int64_t max_split = (maxT + KIVI_ATT_MIN_SPLIT - 1) / KIVI_ATT_MIN_SPLIT;
-  if (nsplit > max_split) nsplit = max_split;
-  if (nsplit < 1) nsplit = 1;
-  const int64_t split_len = (maxT + nsplit - 1) / nsplit;
-  const int64_t nitems = base_items * nsplit;
+  const int gsz = HQ / H, hc = pl->hc, nqc = pl->nqc, TG = KIVI_ATT_TILE / G;
+  const int64_t nsplit = pl->nsplit, split_len = pl->split_len, nitems = pl->nitems;
+  const int64_t nslots = pl->nslots, slot0 = pl->nf;
 
   /* scratch: dd | part_o | part_ml */
   int64_t *dd = (int64_t *)scratch;
   float *part_o = (float *)(scratch + pad16((size_t)R_NCOLS * rows * 8));
-  float *part_ml = part_o + (size_t)rows * HQ * nsplit * D;
+  float *part_ml = part_o + (size_t)rows * HQ * nslots * D;
   if (kivi_dev_put(ctx, dd, hd, (size_t)R_NCOLS * rows * 8)) return KIVI_ERR_DEVICE;
+  const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
+  if (pl->nf > 0)
+    kivi_gpu_fast_decode(c, layer, rows, HQ, dd, R_SEQ, R_BEG, pl->fs, pl->nf, (int)nslots, q, qmul, part_o, part_ml);
 
   const unsigned char *pool = c->pool;
   const int32_t *bt = c->bt;
@@ -68,16 +124,16 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const size_t sub = lay.sub_bytes, ksz_off = lay.ksz_off, vcode_off = lay.vcode_off, vsz_off = lay.vsz_off;
   const int kb = lay.kb, vb = lay.vb, kw = lay.kw, vw = lay.vw;
   const int dev = ctx->device, on_gpu = ctx->on_gpu;
-  const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
   const int nteams = on_gpu ? (int)(nitems < 65536 ? nitems : 65536) : omp_get_max_threads();
   const int nthreads = on_gpu ? KIVI_ATT_NT : 1;
 
 #pragma omp target teams device(dev) num_teams(nteams) thread_limit(nthreads) \
     is_device_ptr(pool, bt, kres, vres, q, kn, vn, dd, part_o, part_ml)
   {
-    float s_q[KIVI_ATT_QMAX], s_o[KIVI_ATT_QMAX], s_p[KIVI_ATT_PMAX];
-    float s_m[KIVI_ATT_HMAX], s_l[KIVI_ATT_HMAX], s_a[KIVI_ATT_HMAX];
-    KIVI_TEAM_SHARED(s_q, s_o, s_p, s_m, s_l, s_a)
+    float s_q[KIVI_ATT_QCAP], s_qs[KIVI_ATT_QSCAP], s_bias[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP)];
+    float s_p[KIVI_ATT_PCAP], s_bp[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP) * 32], s_red[KIVI_ATT_NT];
+    KIVI_TEAM_SHARED(s_q, s_qs, s_bias, s_p, s_bp, s_red)
+    float *const s_o = s_qs; /* the V phase's lane partials reuse the K staging area */
 #pragma omp parallel
     {
       const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -90,7 +146,9 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
         const int64_t s = dd[R_SEQ * (int64_t)rows + r], Lc = dd[R_LC * (int64_t)rows + r];
         const int64_t T = Lc + dd[R_E * (int64_t)rows + r];
         const int64_t Lk = Lc - Lc % R, Lv = Lc > R ? Lc - R : 0;
-        const int64_t t0 = sp * split_len, t1 = t0 + split_len < T ? t0 + split_len : T;
+        const int64_t t0 = dd[R_BEG * (int64_t)rows + r] + sp * split_len;
+        const int64_t t1 = t0 + split_len < T ? t0 + split_len : T;
+        const int n = t1 > t0 ? (int)(t1 - t0) : 0, spl = (int)split_len;
         const int h0 = kvh * gsz + qc * hc;
         const int nh = gsz - qc * hc < hc ? gsz - qc * hc : hc;
         const int32_t *btrow = bt + ((size_t)s * NL + layer) * MB;
@@ -98,55 +156,124 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
         const size_t newrow = (size_t)dd[R_NEW * (int64_t)rows + r] * H + kvh;
         const float *knew = kn ? kn + newrow * D : NULL, *vnew = vn ? vn + newrow * D : NULL;
 
-        for (int i = tid; i < nh * D; i += nth) {
-          s_q[i] = q[((size_t)r * HQ + h0) * D + i] * qmul;
-          s_o[i] = 0.0f;
-        }
-        for (int i = tid; i < nh; i += nth) { s_m[i] = -INFINITY; s_l[i] = 0.0f; }
+        for (int i = tid; i < nh * D; i += nth) s_q[i] = q[((size_t)r * HQ + h0) * D + i] * qmul;
 #pragma omp barrier
-        for (int64_t tt = t0; tt < t1; tt += tile) {
-          const int nt = (int)(t1 - tt < tile ? t1 - tt : tile);
-          /* logits: consecutive threads take consecutive tokens (coalesced code rows) */
-          for (int i = tid; i < nt * nh; i += nth) {
-            const int j = i % nt, hh = i / nt;
-            s_p[hh * tile + j] = kivi_attn_k_dot(pool, btrow, kres + ring, knew, tt + j, Lk, Lc, R, G, D, H,
-                                                 kvh, sub, ksz_off, kb, kw, s_q + hh * D);
+        /* ---- logits of the split, tile by tile; a tile's quantized key groups are staged
+         * as q * scale (per head, group, channel) and bias = q . zero */
+        for (int tt = 0; tt < n; tt += KIVI_ATT_TILE) {
+          const int nt = n - tt < KIVI_ATT_TILE ? n - tt : KIVI_ATT_TILE;
+          const int64_t tq = Lk - (t0 + tt); /* quantized keys left from the tile start */
+          const int nq = kb < 16 ? (tq <= 0 ? 0 : tq < nt ? (int)tq : nt) : 0;
+          const int ngq = nq / G;
+          for (int i = tid; i < nh * ngq * D; i += nth) {
+            const int d = i % D, gi = i / D % ngq, hh = i / (D * ngq);
+            const int t = (int)(t0 + tt) + gi * G; /* positions fit in int: 32-bit division */
+            const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
+            const uint16_t *sc = (const uint16_t *)(sb + ksz_off) + (size_t)(t % R / G) * 2 * D;
+            s_qs[(hh * TG + gi) * D + d] = s_q[hh * D + d] * kivi_f16_to_f32(sc[d]);
+          }
+          /* bias = q . zero: 32 partial sums per (head, group), then their sum */
+          for (int i = tid; i < nh * ngq * 32; i += nth) {
+            const int part = i % 32, gi = i / 32 % ngq, hh = i / (32 * ngq);
+            const int t = (int)(t0 + tt) + gi * G;
+            const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
+            const uint16_t *zr = (const uint16_t *)(sb + ksz_off) + (size_t)(t % R / G) * 2 * D + D;
+            float b = 0.0f;
+            for (int d = part; d < D; d += 32) b += s_q[hh * D + d] * kivi_f16_to_f32(zr[d]);
+            s_bp[i] = b;
           }
 #pragma omp barrier
-          /* online softmax: new running max, rescale factor, probabilities */
-          for (int hh = tid; hh < nh; hh += nth) {
-            float *p = s_p + hh * tile;
-            float mt = s_m[hh];
-            for (int j = 0; j < nt; ++j) mt = fmaxf(mt, p[j]);
-            float sum = 0.0f;
-            for (int j = 0; j < nt; ++j) { p[j] = exp2f(p[j] - mt); sum += p[j]; }
-            s_a[hh] = exp2f(s_m[hh] - mt);
-            s_l[hh] = s_l[hh] * s_a[hh] + sum;
-            s_m[hh] = mt;
+          for (int i = tid; i < nh * ngq; i += nth) {
+            float b = 0.0f;
+            for (int k = 0; k < 32; ++k) b += s_bp[i * 32 + k];
+            s_bias[(i / ngq) * TG + i % ngq] = b;
           }
 #pragma omp barrier
-          /* weighted values: consecutive threads take consecutive channels of one token */
-          for (int i = tid; i < nh * D; i += nth) {
-            const int d = i % D, hh = i / D;
-            const float *p = s_p + hh * tile;
-            float o = s_o[i] * s_a[hh];
-            for (int j = 0; j < nt; ++j)
-              o += p[j] * kivi_attn_v_val(pool, btrow, vres + ring, vnew, tt + j, Lv, Lc, R, G, D, H, kvh, sub,
-                                          vcode_off, vsz_off, vb, vw, d);
-            s_o[i] = o;
+          /* one thread per token: consecutive threads read consecutive code rows */
+          for (int j = tid; j < nt; j += nth) {
+            const int t = (int)(t0 + tt) + j;
+            float *out_p = s_p + tt + j;
+            if (t < Lk) {
+              const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
+              const uint32_t *row = (const uint32_t *)sb + (size_t)(t % R) * kw;
+              const float *qs = s_qs + (j / G) * D;
+              const float *bias = s_bias + j / G;
+              switch (kb) {
+              case 2: kivi_kdot_codes(row, D, 2, qs, TG * D, bias, TG, nh, out_p, spl); break;
+              case 4: kivi_kdot_codes(row, D, 4, qs, TG * D, bias, TG, nh, out_p, spl); break;
+              case 8: kivi_kdot_codes(row, D, 8, qs, TG * D, bias, TG, nh, out_p, spl); break;
+              default: kivi_kdot_f16((const uint16_t *)row, D, s_q, nh, out_p, spl); break;
+              }
+            } else if (t < Lc) {
+              kivi_kdot_f16(kres + ring + (size_t)(t % R) * D, D, s_q, nh, out_p, spl);
+            } else {
+              kivi_kdot_f32(knew + (size_t)(t - Lc) * H * D, D, s_q, nh, out_p, spl);
+            }
           }
 #pragma omp barrier
         }
-        for (int i = tid; i < nh * D; i += nth) {
-          const int hh = i / D, d = i % D;
-          part_o[(((size_t)r * HQ + h0 + hh) * nsplit + sp) * D + d] = s_o[i];
+        /* ---- softmax of each head over the split (base 2) */
+        float mh[KIVI_ATT_HC], lh[KIVI_ATT_HC];
+        for (int hh = 0; hh < nh; ++hh) {
+          float *p = s_p + hh * spl;
+          float m = -INFINITY;
+          for (int j = tid; j < n; j += nth) m = fmaxf(m, p[j]);
+          m = kivi_team_reduce(m, 1, s_red, tid, nth);
+          float l = 0.0f;
+          for (int j = tid; j < n; j += nth) {
+            const float e = exp2f(p[j] - m);
+            p[j] = e;
+            l += e;
+          }
+          l = kivi_team_reduce(l, 0, s_red, tid, nth); /* its barriers also publish p */
+          mh[hh] = n > 0 ? m : -INFINITY;
+          lh[hh] = l;
         }
-        for (int hh = tid; hh < nh; hh += nth) {
-          const size_t o = (((size_t)r * HQ + h0 + hh) * nsplit + sp) * 2;
-          part_ml[o] = s_m[hh];
-          part_ml[o + 1] = s_l[hh];
+        /* ---- weighted values: thread = (token lane, code word); lanes reduced in s_o */
+        const int vcpw = vb == 16 ? 2 : 32 / vb;
+        const int wstep = nth < vw ? nth : vw, lanes = nth < vw ? 1 : nth / vw;
+        const int tl = nth < vw ? 0 : tid / vw, w0 = nth < vw ? tid : tid % vw;
+        const int jq = (int)(Lv - t0 <= 0 ? 0 : Lv - t0 < n ? Lv - t0 : n);
+        const int jr = (int)(Lc - t0 <= 0 ? 0 : Lc - t0 < n ? Lc - t0 : n);
+        for (int hh = 0; hh < nh; ++hh) {
+          const float *p = s_p + hh * spl;
+          if (tl < lanes)
+            for (int wi = w0; wi < vw; wi += wstep) {
+              float acc[16], z = 0.0f;
+              for (int k = 0; k < vcpw; ++k) acc[k] = 0.0f;
+              switch (vb) {
+              case 2: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 2, wi, t0, tl, jq, lanes, p, acc, &z); break;
+              case 4: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 4, wi, t0, tl, jq, lanes, p, acc, &z); break;
+              case 8: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 8, wi, t0, tl, jq, lanes, p, acc, &z); break;
+              default: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 16, wi, t0, tl, jq, lanes, p, acc, &z); break;
+              }
+              /* fp16 window and new tokens: the lane's tokens from jq on */
+              const int ja = jq + ((tl - jq) % lanes + lanes) % lanes;
+              for (int j = ja; j < n; j += lanes) {
+                const int t = (int)t0 + j;
+                for (int k = 0; k < vcpw; ++k) {
+                  const int d = wi * vcpw + k;
+                  const float x = j < jr ? kivi_f16_to_f32(vres[ring + (size_t)(t % R) * D + d])
+                                         : vnew[(size_t)(t - Lc) * H * D + d];
+                  acc[k] += p[j] * x;
+                }
+              }
+              for (int k = 0; k < vcpw; ++k) s_o[tl * D + wi * vcpw + k] = acc[k] + z;
+            }
+#pragma omp barrier
+          for (int d = tid; d < D; d += nth) {
+            float o = 0.0f;
+            for (int l = 0; l < lanes; ++l) o += s_o[l * D + d];
+            part_o[(((size_t)r * HQ + h0 + hh) * nslots + slot0 + sp) * D + d] = o;
+          }
+#pragma omp barrier
         }
-#pragma omp barrier /* s_q, s_o, s_m, s_l are reused by the next item */
+        if (tid == 0)
+          for (int hh = 0; hh < nh; ++hh) {
+            const size_t o = (((size_t)r * HQ + h0 + hh) * nslots + slot0 + sp) * 2;
+            part_ml[o] = mh[hh];
+            part_ml[o + 1] = lh[hh];
+          }
       }
     }
   }
@@ -157,21 +284,46 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   for (int64_t i = 0; i < n_out; ++i) {
     const int64_t rh = i / D;
     const int d = (int)(i % D);
-    const float *ml = part_ml + (size_t)rh * nsplit * 2;
+    const float *ml = part_ml + (size_t)rh * nslots * 2;
     float M = -INFINITY;
-    for (int64_t s = 0; s < nsplit; ++s) M = fmaxf(M, ml[2 * s]);
+    for (int64_t s = 0; s < nslots; ++s) M = fmaxf(M, ml[2 * s]);
     float num = 0.0f, den = 0.0f;
-    for (int64_t s = 0; s < nsplit; ++s) {
-      const float a = ml[2 * s + 1] > 0.0f ? exp2f(ml[2 * s] - M) : 0.0f;
-      num += a * part_o[((size_t)rh * nsplit + s) * D + d];
-      den += a * ml[2 * s + 1];
-    }
+    for (int64_t s = 0; s < nslots; ++s)
+      if (ml[2 * s + 1] > 0.0f) { /* empty splits leave o unwritten */
+        const float a = exp2f(ml[2 * s] - M);
+        num += a * part_o[((size_t)rh * nslots + s) * D + d];
+        den += a * ml[2 * s + 1];
+      }
     const float o = num / den;
     if (out_f16) ((uint16_t *)out)[i] = kivi_f32_to_f16(o);
     else ((float *)out)[i] = o;
     if (lse && d == 0) lse[rh] = (M + log2f(den)) * 0.6931471805599453f;
   }
+  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 ? KIVI_KERNEL_GPU_F16X2 : 0u);
   return KIVI_OK;
+}
+
+/* Fills R_BEG (tokens the GPU fast path takes) and plans the portable kernel for the rest.
+ * The fast path covers floor(max(0, Lc - R) / KIVI_FAST_GRAIN) grains of a row, where its keys
+ * and values are both quantized. */
+static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ) {
+  const int fast = kivi_gpu_fast_eligible(c), R = c->cfg.residual;
+  int64_t maxbeg = 0, maxT = 0;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t Lc = hd[R_LC * (int64_t)rows + r], T = Lc + hd[R_E * (int64_t)rows + r];
+    const int64_t beg = fast && Lc > R ? (Lc - R) / KIVI_FAST_GRAIN * KIVI_FAST_GRAIN : 0;
+    hd[R_BEG * (int64_t)rows + r] = beg;
+    if (beg > maxbeg) maxbeg = beg;
+    if (T - beg > maxT) maxT = T - beg;
+  }
+  /* shorter fast splits when few (row, head) pairs would leave SMs idle (132 on an H200) */
+  int fs = KIVI_FAST_SPLIT;
+  while (fs > 512 && (int64_t)rows * HQ * ((maxbeg + fs - 1) / fs) < 2 * 132) fs /= 2;
+  att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
+  p.fs = fs;
+  p.nf = (int)((maxbeg + fs - 1) / fs);
+  p.nslots = p.nf + p.nsplit;
+  return p;
 }
 
 /* Common argument checks of decode and extend. */
@@ -185,9 +337,8 @@ static kivi_status check_common(const kivi_cache *c, int layer, int n_seqs, cons
 }
 
 /* Device scratch for one call: descriptors, partials, and (host memory) staged inputs/outputs. */
-static size_t rows_scratch(const kivi_cache *c, int rows, int HQ, int64_t maxT) {
-  const int64_t nsplit_max = (maxT + KIVI_ATT_MIN_SPLIT - 1) / KIVI_ATT_MIN_SPLIT + 1;
-  return pad16((size_t)R_NCOLS * rows * 8) + (size_t)rows * HQ * nsplit_max * (c->cfg.head_dim + 2) * 4 + 16;
+static size_t rows_scratch(const kivi_cache *c, int rows, int HQ, const att_plan *p) {
+  return pad16((size_t)R_NCOLS * rows * 8) + (size_t)rows * HQ * p->nslots * (c->cfg.head_dim + 2) * 4 + 16;
 }
 
 kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
@@ -197,7 +348,6 @@ kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const in
   if (out_dtype != KIVI_F32 && out_dtype != KIVI_F16) return KIVI_ERR_ARG;
   int64_t *hd = malloc((size_t)R_NCOLS * n_seqs * 8);
   if (!hd) return KIVI_ERR_NOMEM;
-  int64_t maxT = 0;
   for (int i = 0; i < n_seqs; ++i) {
     const int64_t L = kivi_len(c, seq_ids[i], layer);
     if (L < 1) { free(hd); return KIVI_ERR_ARG; }
@@ -205,13 +355,13 @@ kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const in
     hd[R_LC * n_seqs + i] = L;
     hd[R_E * n_seqs + i] = 0;
     hd[R_NEW * n_seqs + i] = 0;
-    if (L > maxT) maxT = L;
   }
   const kivi_context *ctx = c->ctx;
   const size_t D = (size_t)c->cfg.head_dim, nq = (size_t)n_seqs * n_q_heads * D;
   const size_t osz = out_dtype == KIVI_F16 ? 2 : 4;
   const size_t host_io = mem == KIVI_MEM_HOST ? pad16(nq * 4) + pad16(nq * osz) : 0;
-  if (kivi_scratch_reserve(ctx, &c->work, host_io + rows_scratch(c, n_seqs, n_q_heads, maxT))) {
+  const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads);
+  if (kivi_scratch_reserve(ctx, &c->work, host_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
@@ -223,7 +373,7 @@ kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const in
     dq = (const float *)w;
     dout = w + pad16(nq * 4);
   }
-  st = run_rows(c, layer, n_seqs, hd, maxT, n_q_heads, dq, NULL, NULL, scale, dout, out_dtype == KIVI_F16,
+  st = run_rows(c, layer, n_seqs, hd, &pl, n_q_heads, dq, NULL, NULL, scale, dout, out_dtype == KIVI_F16,
                 NULL, w + host_io);
   free(hd);
   if (!st && mem == KIVI_MEM_HOST && kivi_dev_get(ctx, out, dout, nq * osz)) st = KIVI_ERR_DEVICE;
@@ -244,7 +394,7 @@ kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const in
   if (rows > INT32_MAX / 4) return KIVI_ERR_ARG;
   int64_t *hd = malloc((size_t)R_NCOLS * rows * 8);
   if (!hd) return KIVI_ERR_NOMEM;
-  int64_t maxT = 0, r = 0;
+  int64_t r = 0;
   for (int i = 0; i < n_seqs; ++i) {
     const int64_t L = kivi_len(c, seq_ids[i], layer), first = r;
     for (int j = 0; j < q_lens[i]; ++j, ++r) {
@@ -253,13 +403,13 @@ kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const in
       hd[R_E * rows + r] = j + 1;
       hd[R_NEW * rows + r] = first;
     }
-    if (L + q_lens[i] > maxT) maxT = L + q_lens[i];
   }
   const kivi_context *ctx = c->ctx;
   const size_t D = (size_t)c->cfg.head_dim, H = (size_t)c->cfg.n_kv_heads;
   const size_t nq = (size_t)rows * n_q_heads * D, nkv = (size_t)rows * H * D, nl = (size_t)rows * n_q_heads;
   const size_t host_io = mem == KIVI_MEM_HOST ? 2 * pad16(nq * 4) + 2 * pad16(nkv * 4) + pad16(nl * 4) : 0;
-  if (kivi_scratch_reserve(ctx, &c->work, host_io + rows_scratch(c, (int)rows, n_q_heads, maxT))) {
+  const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads);
+  if (kivi_scratch_reserve(ctx, &c->work, host_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
@@ -279,7 +429,7 @@ kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const in
       return KIVI_ERR_DEVICE;
     }
   }
-  st = run_rows(c, layer, (int)rows, hd, maxT, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io);
+  st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io);
   free(hd);
   if (!st && mem == KIVI_MEM_HOST &&
       (kivi_dev_get(ctx, out, dout, nq * 4) || (lse && kivi_dev_get(ctx, lse, dlse, nl * 4))))

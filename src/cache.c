@@ -33,6 +33,7 @@ void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads
   cfg->v_bits = 2;
   cfg->group = 32;
   cfg->residual = 128;
+  cfg->attention = KIVI_ATTENTION_FAST;
 }
 
 static int bits_ok(int b) { return b == 2 || b == 4 || b == 8 || b == 16; }
@@ -49,6 +50,7 @@ kivi_status kivi_cache_config_check(const kivi_cache_config *c) {
   if (c->group != 32 && c->group != 64 && c->group != 128) return KIVI_ERR_UNSUPPORTED;
   if (c->head_dim % c->group) return KIVI_ERR_UNSUPPORTED;
   if (c->residual % c->group || c->residual > KIVI_MAX_RESIDUAL) return KIVI_ERR_UNSUPPORTED;
+  if (c->attention != KIVI_ATTENTION_FAST && c->attention != KIVI_ATTENTION_FP32) return KIVI_ERR_ARG;
   return KIVI_OK;
 }
 
@@ -61,6 +63,7 @@ void kivi_cache_destroy(kivi_cache *c) {
   kivi_dev_free(ctx, c->kres);
   kivi_dev_free(ctx, c->vres);
   kivi_dev_free(ctx, c->bt);
+  kivi_dev_free(ctx, c->vexp);
   kivi_scratch_free(ctx, &c->stage);
   kivi_scratch_free(ctx, &c->desc);
   kivi_scratch_free(ctx, &c->work);
@@ -95,10 +98,11 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->kres = kivi_dev_alloc(ctx, ring * 2);
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
+  c->vexp = kivi_dev_alloc(ctx, (size_t)NL * cfg->n_kv_heads * 2 * 4);
   c->bt_host = malloc(bt_n * 4);
   c->len = calloc((size_t)S * NL, 4);
   c->free_list = malloc((size_t)(c->n_blocks > 0 ? c->n_blocks : 1) * 4);
-  if (!c->pool || !c->kres || !c->vres || !c->bt || !c->bt_host || !c->len || !c->free_list) {
+  if (!c->pool || !c->kres || !c->vres || !c->bt || !c->vexp || !c->bt_host || !c->len || !c->free_list) {
     kivi_cache_destroy(c);
     return KIVI_ERR_NOMEM;
   }
@@ -106,7 +110,16 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   /* pop from the end: block 0 is handed out first */
   for (int64_t i = 0; i < c->n_blocks; ++i) c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
   c->n_free = c->n_blocks;
-  if (kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4)) {
+  const size_t nvexp = (size_t)NL * cfg->n_kv_heads * 2;
+  int32_t *vexp0 = malloc(nvexp * 4);
+  if (!vexp0) {
+    kivi_cache_destroy(c);
+    return KIVI_ERR_NOMEM;
+  }
+  for (size_t i = 0; i < nvexp; ++i) vexp0[i] = -14; /* 2^-14 bounds fp16 subnormals */
+  const int put_err = kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4) || kivi_dev_put(ctx, c->vexp, vexp0, nvexp * 4);
+  free(vexp0);
+  if (put_err) {
     kivi_cache_destroy(c);
     return KIVI_ERR_DEVICE;
   }
@@ -310,7 +323,8 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
   /* 5: values leaving the window.  Item = (token, head, channel group). */
   const int vgrp = D / G;
   const int64_t n_vitems = n_vq * H * vgrp;
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, pool, vres, vst, bt)
+  int32_t *vexp = c->vexp + (size_t)layer * H * 2;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, pool, vres, vst, bt, vexp)
   for (int64_t it = 0; it < n_vitems; ++it) {
     const int cg = (int)(it % vgrp);
     const int h = (int)(it / vgrp % H);
@@ -323,8 +337,15 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
     const int t = (int)(p % R);
     const uint16_t *ring = vres + (((size_t)s * NL + layer) * H + h) * ring_lh;
     const uint16_t *x = kivi_src_row(p, L, ring, R, D, vst, dd[(size_t)D_STAGE * n + i], H, h);
-    kivi_quant_v_item((uint32_t *)(sb + vcode_off) + (size_t)t * vw, (uint16_t *)(sb + vsz_off) + (size_t)t * 2 * vgrp,
-                      vbits, G, cg, x);
+    uint16_t *sz = (uint16_t *)(sb + vsz_off) + (size_t)t * 2 * vgrp;
+    kivi_quant_v_item((uint32_t *)(sb + vcode_off) + (size_t)t * vw, sz, vbits, G, cg, x);
+    if (vbits < 16) /* exponent bounds of V scales and zeros, for the GPU f16x2 kernel's ranges */
+      for (int e = 0; e < 2; ++e) {
+        const int ex = kivi_f16_exp_bound(sz[2 * cg + e]);
+        int32_t *dst = vexp + h * 2 + e;
+#pragma omp atomic compare
+        if (*dst < ex) { *dst = ex; }
+      }
   }
 
   /* 6: new tokens that stay fp16.  Item = (sequence, ring slot, head); the newest position
@@ -348,6 +369,12 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
   }
 
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
+  return KIVI_OK;
+}
+
+kivi_status kivi_cache_last_kernels(const kivi_cache *c, unsigned *kernels) {
+  if (!c || !kernels) return KIVI_ERR_ARG;
+  *kernels = c->last_kernels;
   return KIVI_OK;
 }
 

@@ -12,6 +12,13 @@
 static inline uint32_t kivi_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float kivi_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
+#if defined(__NVPTX__)
+/* Device pass: the hardware conversions (cvt.f32.f16, cvt.rn.f16.f32) give the same bits as the
+ * integer versions below for every finite value (tests compare GPU and host caches byte for
+ * byte); only NaN payloads may differ, and NaN input is rejected anyway. */
+static inline float kivi_f16_to_f32(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+static inline uint16_t kivi_f32_to_f16(float f) { const _Float16 x = (_Float16)f; uint16_t h; memcpy(&h, &x, 2); return h; }
+#else
 static inline float kivi_f16_to_f32(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -43,8 +50,15 @@ static inline uint16_t kivi_f32_to_f16(float f) {
   if (rem > 0x1000u || (rem == 0x1000u && (res & 1u))) ++res;
   return (uint16_t)(sign | res);
 }
+#endif
 
 static inline float kivi_bf16_to_f32(uint16_t b) { return kivi_bits_f32((uint32_t)b << 16); }
+
+/* The smallest e with 2^e > |h| for a finite fp16 value h (subnormals: -14). */
+static inline int kivi_f16_exp_bound(uint16_t h) {
+  const int E = (h >> 10) & 0x1f;
+  return E == 0 ? -14 : E - 14;
+}
 
 /* Finite fp16 (not Inf or NaN). */
 static inline int kivi_f16_finite(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }

@@ -53,6 +53,8 @@ struct kivi_cache {
   int32_t *bt;          /* device: [seq][layer][max_blocks] block ids */
   int32_t *bt_host;     /* host mirror of bt */
   int32_t *len;         /* host: [seq][layer] lengths */
+  int32_t *vexp;        /* device: [layer][H][2] e with 2^e > every |V scale|, |V zero| so far */
+  unsigned last_kernels; /* KIVI_KERNEL_* bits of the last attention call */
   int32_t *free_list;   /* host: stack of free block ids */
   int64_t n_free;
   kivi_scratch stage;   /* append: raw input, fp16 tokens, flags */
@@ -66,6 +68,15 @@ static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
 static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
   return c->len[(size_t)seq * c->cfg.n_layers + layer];
 }
+
+/* GPU f16x2 fast path (attention_gpu.c): tokens [0, Lf) of a row, Lf a multiple of the grain,
+ * in splits of up to KIVI_FAST_SPLIT tokens (shorter when there are few rows and heads). */
+#define KIVI_FAST_SPLIT 2048
+#define KIVI_FAST_GRAIN 32
+int kivi_gpu_fast_eligible(const kivi_cache *c);
+void kivi_gpu_fast_decode(const kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int col_seq,
+                          int col_beg, int fs, int nf, int nslots, const float *q, float qmul, float *part_o,
+                          float *part_ml);
 
 /* Checks a list of sequence ids: non-NULL, in range, no duplicates. */
 kivi_status kivi_check_seq_ids(const kivi_cache *c, int n_seqs, const int *seq_ids);

@@ -1,7 +1,10 @@
-/* Attention bodies shared by the GPU and host launchers (attention.c): the logit of one cached
- * or new token against one query head, and one dequantized value element.  Token position t
- * of a sequence with Lc cached tokens: t < Lk quantized key, t < Lc fp16 residual key, else the
- * (t - Lc)-th new token given in fp32 (extend).  Values split at Lv = max(0, Lc - R) instead. */
+/* Attention bodies shared by the GPU and host launchers (attention.c).
+ *
+ * Token position t of a row with Lc cached tokens: keys t < Lk are quantized, t < Lc fp16
+ * residual, later ones the (t - Lc)-th new fp32 token (extend); values split at Lv instead.
+ * `bits` is a compile-time constant in every call (attention.c switches on it), so the loops
+ * over the codes of a word unroll.  Up to KIVI_ATT_HC query heads of one kv-head are handled
+ * together: each code word is loaded and unpacked once for all of them (GQA). */
 #ifndef KIVI_KERNELS_ATTN_H
 #define KIVI_KERNELS_ATTN_H
 
@@ -9,67 +12,94 @@
 
 #include "half.h"
 
+#define KIVI_ATT_HC 8 /* query heads per work item (registers per thread grow with it) */
+
 #pragma omp declare target
-/* q . k_t over D channels; q is already multiplied by softmax_scale * log2(e). */
-static inline float kivi_attn_k_dot(const unsigned char *pool, const int32_t *btrow,
-                                    const uint16_t *kring, const float *knew, int64_t t,
-                                    int64_t Lk, int64_t Lc, int R, int G, int D, int H, int kvh,
-                                    size_t sub, size_t ksz_off, int kb, int kw, const float *q) {
-  float acc = 0.0f;
-  if (t < Lk) {
-    const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
-    const int tr = (int)(t % R);
-    const uint32_t *row = (const uint32_t *)sb + (size_t)tr * kw;
-    if (kb == 16) {
-      for (int w = 0; w < kw; ++w) {
-        const uint32_t u = row[w];
-        acc += q[2 * w] * kivi_f16_to_f32((uint16_t)(u & 0xffffu)) + q[2 * w + 1] * kivi_f16_to_f32((uint16_t)(u >> 16));
+/* A code (< 2^23) as float without an int->float convert: its bits OR'ed into the mantissa of
+ * 2^23, minus 2^23 (exact). */
+static inline float kivi_code_f(uint32_t c) { return kivi_bits_f32(c | 0x4b000000u) - 8388608.0f; }
+
+/* Logits of one quantized key row (bits < 16) for nh heads:
+ *   out[hh * ostride] = sum_d code_d * qs[hh * qstride + d] + bias[hh * bstride]
+ * where qs = q * scale of the token's group (staged) and bias = sum_d q * zero. */
+static inline void kivi_kdot_codes(const uint32_t *row, int D, const int bits, const float *qs, int qstride,
+                                   const float *bias, int bstride, int nh, float *out, int ostride) {
+  const int cpw = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  float acc[KIVI_ATT_HC];
+  for (int hh = 0; hh < KIVI_ATT_HC; ++hh) acc[hh] = 0.0f;
+  for (int w = 0; w < D / cpw; ++w) {
+    const uint32_t u = row[w];
+    float c[16];
+    for (int j = 0; j < cpw; ++j) c[j] = kivi_code_f((u >> (bits * j)) & mask);
+    for (int hh = 0; hh < KIVI_ATT_HC; ++hh)
+      if (hh < nh) {
+        const float *qh = qs + hh * qstride + w * cpw;
+        float a = 0.0f; /* a partial sum per word keeps the fp32 error of long rows small */
+        for (int j = 0; j < cpw; ++j) a += c[j] * qh[j];
+        acc[hh] += a;
       }
-      return acc;
-    }
-    const uint16_t *sc = (const uint16_t *)(sb + ksz_off) + (size_t)(tr / G) * 2 * D, *zr = sc + D;
-    const int cpw = 32 / kb;
-    const uint32_t mask = (1u << kb) - 1u;
-    for (int w = 0; w < kw; ++w) {
-      const uint32_t u = row[w];
-      for (int j = 0; j < cpw; ++j) {
-        const int d = w * cpw + j;
-        const float code = (float)((u >> (kb * j)) & mask);
-        acc += q[d] * (code * kivi_f16_to_f32(sc[d]) + kivi_f16_to_f32(zr[d]));
-      }
-    }
-    return acc;
   }
-  if (t < Lc) {
-    const uint16_t *x = kring + (size_t)(t % R) * D;
-    for (int d = 0; d < D; ++d) acc += q[d] * kivi_f16_to_f32(x[d]);
-    return acc;
-  }
-  const float *x = knew + (size_t)(t - Lc) * H * D;
-  for (int d = 0; d < D; ++d) acc += q[d] * x[d];
-  return acc;
+  for (int hh = 0; hh < nh; ++hh) out[hh * ostride] = acc[hh] + bias[hh * bstride];
 }
 
-/* Dequantized value of channel d of token t. */
-static inline float kivi_attn_v_val(const unsigned char *pool, const int32_t *btrow,
-                                    const uint16_t *vring, const float *vnew, int64_t t,
-                                    int64_t Lv, int64_t Lc, int R, int G, int D, int H, int kvh,
-                                    size_t sub, size_t vcode_off, size_t vsz_off, int vb, int vw, int d) {
-  if (t < Lv) {
-    const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
-    const int tr = (int)(t % R);
-    const uint32_t *row = (const uint32_t *)(sb + vcode_off) + (size_t)tr * vw;
-    if (vb == 16) {
-      const uint32_t u = row[d / 2];
-      return kivi_f16_to_f32((uint16_t)((d & 1) ? u >> 16 : u & 0xffffu));
-    }
-    const int cpw = 32 / vb;
-    const float code = (float)((row[d / cpw] >> (vb * (d % cpw))) & ((1u << vb) - 1u));
-    const uint16_t *sz = (const uint16_t *)(sb + vsz_off) + (size_t)tr * 2 * (D / G) + 2 * (d / G);
-    return code * kivi_f16_to_f32(sz[0]) + kivi_f16_to_f32(sz[1]);
+/* Logits of one fp16 key row (unquantized storage or the residual window). */
+static inline void kivi_kdot_f16(const uint16_t *x, int D, const float *q, int nh, float *out, int ostride) {
+  float acc[KIVI_ATT_HC];
+  for (int hh = 0; hh < KIVI_ATT_HC; ++hh) acc[hh] = 0.0f;
+  for (int d = 0; d < D; ++d) {
+    const float xf = kivi_f16_to_f32(x[d]);
+    for (int hh = 0; hh < KIVI_ATT_HC; ++hh)
+      if (hh < nh) acc[hh] += q[hh * D + d] * xf;
   }
-  if (t < Lc) return kivi_f16_to_f32(vring[(size_t)(t % R) * D + d]);
-  return vnew[(size_t)(t - Lc) * H * D + d];
+  for (int hh = 0; hh < nh; ++hh) out[hh * ostride] = acc[hh];
+}
+
+/* Logits of one new fp32 key row (extend). */
+static inline void kivi_kdot_f32(const float *x, int D, const float *q, int nh, float *out, int ostride) {
+  float acc[KIVI_ATT_HC];
+  for (int hh = 0; hh < KIVI_ATT_HC; ++hh) acc[hh] = 0.0f;
+  for (int d = 0; d < D; ++d)
+    for (int hh = 0; hh < KIVI_ATT_HC; ++hh)
+      if (hh < nh) acc[hh] += q[hh * D + d] * x[d];
+  for (int hh = 0; hh < nh; ++hh) out[hh * ostride] = acc[hh];
+}
+
+/* Weighted sum over quantized value rows of one code word (channels wi*cpw ..): for the lane's
+ * tokens j = j0, j0 + step, ... < j1 (position t0 + j):
+ *   acc[k] += p_j * code_k * scale,  zacc += p_j * zero   (bits < 16)
+ *   acc[k] += p_j * v_k                                    (bits = 16, fp16 pairs) */
+static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btrow, int H, int kvh, size_t sub,
+                                   size_t vcode_off, size_t vsz_off, int R, int D, int G, int vw, const int bits,
+                                   int wi, int64_t t0, int j0, int j1, int step, const float *p, float *acc,
+                                   float *zacc) {
+  const int cpw = bits == 16 ? 2 : 32 / bits;
+  const uint32_t mask = bits == 16 ? 0xffffu : (1u << bits) - 1u;
+  const int grp = wi * cpw / G;
+  /* two-level sums (chunks of 16 of the lane's tokens) keep the fp32 error of long splits small */
+  for (int jc = j0; jc < j1; jc += 16 * step) {
+    const int je = jc + 16 * step < j1 ? jc + 16 * step : j1;
+    float a[16], z = 0.0f;
+    for (int k = 0; k < cpw; ++k) a[k] = 0.0f;
+    for (int j = jc; j < je; j += step) {
+      const int t = (int)t0 + j; /* positions fit in int: 32-bit division */
+      const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
+      const int tr = t % R;
+      const uint32_t u = ((const uint32_t *)(sb + vcode_off))[(size_t)tr * vw + wi];
+      const float pj = p[j];
+      if (bits == 16) {
+        a[0] += pj * kivi_f16_to_f32((uint16_t)(u & 0xffffu));
+        a[1] += pj * kivi_f16_to_f32((uint16_t)(u >> 16));
+      } else {
+        const uint16_t *sz = (const uint16_t *)(sb + vsz_off) + (size_t)tr * 2 * (D / G) + 2 * grp;
+        const float ps = pj * kivi_f16_to_f32(sz[0]);
+        z += pj * kivi_f16_to_f32(sz[1]);
+        for (int k = 0; k < cpw; ++k) a[k] += ps * kivi_code_f((u >> (bits * k)) & mask);
+      }
+    }
+    for (int k = 0; k < cpw; ++k) acc[k] += a[k];
+    *zacc += z;
+  }
 }
 #pragma omp end declare target
 
