@@ -1,7 +1,7 @@
 /* kivi-bench: decode-step time of the fused KIVI attention against our own fp16 path in the
  * same run, append/quantize throughput, and the memory table.
  *
- *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
+ *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--sweep]
  *
  * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
  * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
@@ -9,7 +9,9 @@
  * call is synchronous, so this is the GPU time as a caller sees it, launch overhead included).
  * bytes_read is what the step must read: the packed cache of the batch (codes, scales/zeros,
  * fp16 residuals).  rel_err_vs_ref compares sequence 0 with a double-precision reference on
- * the dequantized cache.  --quick: small shapes for CI on the host. */
+ * the dequantized cache.  --quick: small shapes for CI on the host.  --sweep adds step time vs
+ * context length (B = 1, 32 heads, S = 1k .. 64k; 1k .. 4k with --quick) for fp16, 2-bit and
+ * 4-bit, the data of scripts/plot_bench.py. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,7 +157,7 @@ static double check_seq0(const kivi_cache *c, int H, int HQ, int D, int S, int k
 
 int main(int argc, char **argv) {
   const char *json_path = NULL;
-  int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0;
+  int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, sweep = 0;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -164,8 +166,9 @@ int main(int argc, char **argv) {
       ++i;
       device = !strcmp(argv[i], "host") ? KIVI_DEVICE_HOST : KIVI_DEVICE_DEFAULT;
     } else if (!strcmp(argv[i], "--skip-append")) skip_append = 1;
+    else if (!strcmp(argv[i], "--sweep")) sweep = 1;
     else {
-      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]\n");
+      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--sweep]\n");
       return 2;
     }
   }
@@ -224,6 +227,32 @@ int main(int argc, char **argv) {
     }
     free(q);
     free(out);
+  }
+  if (js) fprintf(js, "\n  ],\n  \"sweep\": [\n");
+  if (sweep) { /* step time vs context length, B = 1, 32 heads */
+    printf("\nsweep: decode step vs context, B=1, H=32, D=%d, median of %d\n%7s | %10s %10s %10s\n", D, reps, "S",
+           "fp16_us", "2bit_us", "4bit_us");
+    first = 1;
+    for (int S = 1024; S <= (quick ? 4096 : 65536); S *= 2) {
+      const int sb[3] = {16, 2, 4};
+      double t[3];
+      const size_t qn = (size_t)32 * D;
+      float *q = malloc(qn * 4), *out = malloc(qn * 4);
+      for (size_t i = 0; i < qn; ++i) q[i] = urand();
+      for (int bi = 0; bi < 3; ++bi) {
+        kivi_cache *c = fill(1, 32, D, S, sb[bi], sb[bi], NULL, NULL);
+        t[bi] = time_decode(c, 1, 32, D, q, out);
+        if (js)
+          fprintf(js, "%s    {\"bits\": %d, \"batch\": 1, \"n_q_heads\": 32, \"seq_len\": %d, \"head_dim\": %d, "
+                      "\"device\": \"%s\", \"time_us\": %.3f}",
+                  first ? "" : ",\n", sb[bi], S, D, dev, t[bi] * 1e6);
+        first = 0;
+        kivi_cache_destroy(c);
+      }
+      printf("%7d | %10.1f %10.1f %10.1f\n", S, t[0] * 1e6, t[1] * 1e6, t[2] * 1e6);
+      free(q);
+      free(out);
+    }
   }
   if (js) fprintf(js, "\n  ],\n  \"append\": [\n");
 

@@ -316,8 +316,13 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
     uint32_t *codes = (uint32_t *)sb + (size_t)g * G * kw + w;
     uint16_t *sc = (uint16_t *)(sb + ksz_off) + (size_t)g * 2 * D + w * kcpw;
     const uint16_t *ring = kres + (((size_t)s * NL + layer) * H + h) * ring_lh;
-    kivi_quant_k_item(codes, kw, sc, sc + D, kbits, G, w * kcpw, blk_no * R + (int64_t)g * G, L, ring, R,
-                      D, kst, dd[(size_t)D_STAGE * n + i], H, h);
+    const int64_t p0 = blk_no * R + (int64_t)g * G, st0 = dd[(size_t)D_STAGE * n + i];
+    switch (kbits) { /* constant bits: the per-channel arrays of the item stay in registers */
+    case 2: kivi_quant_k_item(codes, kw, sc, sc + D, 2, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+    case 4: kivi_quant_k_item(codes, kw, sc, sc + D, 4, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+    case 8: kivi_quant_k_item(codes, kw, sc, sc + D, 8, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+    default: kivi_quant_k_item(codes, kw, sc, sc + D, 16, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+    }
   }
 
   /* 5: values leaving the window.  Item = (token, head, channel group). */
@@ -338,7 +343,13 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
     const uint16_t *ring = vres + (((size_t)s * NL + layer) * H + h) * ring_lh;
     const uint16_t *x = kivi_src_row(p, L, ring, R, D, vst, dd[(size_t)D_STAGE * n + i], H, h);
     uint16_t *sz = (uint16_t *)(sb + vsz_off) + (size_t)t * 2 * vgrp;
-    kivi_quant_v_item((uint32_t *)(sb + vcode_off) + (size_t)t * vw, sz, vbits, G, cg, x);
+    uint32_t *vc = (uint32_t *)(sb + vcode_off) + (size_t)t * vw;
+    switch (vbits) {
+    case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x); break;
+    case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x); break;
+    case 8: kivi_quant_v_item(vc, sz, 8, G, cg, x); break;
+    default: kivi_quant_v_item(vc, sz, 16, G, cg, x); break;
+    }
     if (vbits < 16) /* exponent bounds of V scales and zeros, for the GPU f16x2 kernel's ranges */
       for (int e = 0; e < 2; ++e) {
         const int ex = kivi_f16_exp_bound(sz[2 * cg + e]);

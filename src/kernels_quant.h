@@ -8,6 +8,10 @@
 
 #include "half.h"
 
+/* Full unrolling of the per-channel loops of an item (bits is a constant at every call), so
+ * the item's per-channel arrays live in registers on the GPU. */
+#define KIVI_UNROLL16 _Pragma("GCC unroll 16")
+
 #pragma omp declare target
 /* code = clamp(floor((x - zero) / scale + 1/2), 0, 2^b - 1) with the stored fp16 scale/zero;
  * a zero scale (constant group) gives code 0, which dequantizes to the zero point exactly. */
@@ -27,14 +31,15 @@ static inline void kivi_group_params(float mn, float mx, int bits, uint16_t *hs,
  * from the residual ring (slot p mod R), later ones from the staged new tokens. */
 static inline const uint16_t *kivi_src_row(int64_t p, int64_t L, const uint16_t *ring, int R, int D,
                                            const uint16_t *stage, int64_t stage_tok, int H, int h) {
-  return p < L ? ring + (size_t)(p % R) * D
+  return p < L ? ring + (size_t)((int)p % R) * D /* positions fit in int: 32-bit remainder */
                : stage + ((size_t)(stage_tok + (p - L)) * H + h) * D;
 }
 
 /* K item: channels c0..c0+cpw-1 (one code word) of the G tokens starting at position p0.
  * codes points at word c0/cpw of the first token's row (row stride kw words); scale/zero at
- * the group's entries for channel c0. */
-static inline void kivi_quant_k_item(uint32_t *codes, int kw, uint16_t *scale, uint16_t *zero,
+ * the group's entries for channel c0.  Token rows are looked up once per token and pass
+ * (positions fit in int, so the ring index is a 32-bit remainder). */
+static inline __attribute__((always_inline)) void kivi_quant_k_item(uint32_t *codes, int kw, uint16_t *scale, uint16_t *zero,
                                      int bits, int G, int c0, int64_t p0, int64_t L,
                                      const uint16_t *ring, int R, int D,
                                      const uint16_t *stage, int64_t stage_tok, int H, int h) {
@@ -47,16 +52,23 @@ static inline void kivi_quant_k_item(uint32_t *codes, int kw, uint16_t *scale, u
   }
   const int cpw = 32 / bits;
   const float maxq = (float)((1u << bits) - 1u);
-  float s[16], z[16];
-  for (int j = 0; j < cpw; ++j) {
-    float mn = INFINITY, mx = -INFINITY;
-    for (int t = 0; t < G; ++t) {
-      const float x = kivi_f16_to_f32(kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h)[c0 + j]);
-      mn = fminf(mn, x);
-      mx = fmaxf(mx, x);
+  float mn[16], mx[16];
+  KIVI_UNROLL16
+  for (int j = 0; j < cpw; ++j) { mn[j] = INFINITY; mx[j] = -INFINITY; }
+  for (int t = 0; t < G; ++t) {
+    const uint16_t *x = kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0;
+    KIVI_UNROLL16
+    for (int j = 0; j < cpw; ++j) {
+      const float f = kivi_f16_to_f32(x[j]);
+      mn[j] = fminf(mn[j], f);
+      mx[j] = fmaxf(mx[j], f);
     }
+  }
+  float s[16], z[16];
+  KIVI_UNROLL16
+  for (int j = 0; j < cpw; ++j) {
     uint16_t hs, hz;
-    kivi_group_params(mn, mx, bits, &hs, &hz);
+    kivi_group_params(mn[j], mx[j], bits, &hs, &hz);
     scale[j] = hs;
     zero[j] = hz;
     s[j] = kivi_f16_to_f32(hs);
@@ -65,6 +77,7 @@ static inline void kivi_quant_k_item(uint32_t *codes, int kw, uint16_t *scale, u
   for (int t = 0; t < G; ++t) {
     const uint16_t *x = kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0;
     uint32_t w = 0;
+    KIVI_UNROLL16
     for (int j = 0; j < cpw; ++j) w |= kivi_quant_code(kivi_f16_to_f32(x[j]), s[j], z[j], maxq) << (bits * j);
     codes[(size_t)t * kw] = w;
   }
