@@ -50,7 +50,10 @@ typedef enum kivi_status {
   KIVI_ERR_CAPACITY = 5,    /* the cache's block pool or a sequence's maximum length is exhausted */
   KIVI_ERR_NONFINITE = 6,   /* NaN or Inf in the input, or a value beyond the fp16 range */
   KIVI_ERR_DEVICE = 7,      /* the offload runtime failed (copy, kernel) */
-  KIVI_ERR_BUFFER = 8       /* the caller's output buffer is too small */
+  KIVI_ERR_BUFFER = 8,      /* the caller's output buffer is too small */
+  KIVI_ERR_FORMAT = 9,      /* a checkpoint is truncated, corrupted or of another format version */
+  KIVI_ERR_MISMATCH = 10,   /* a checkpoint's geometry (layers, heads, head_dim, bits, G, R) differs */
+  KIVI_ERR_IO = 11          /* a file could not be read or written */
 } kivi_status;
 
 /* A static English description of a status ("invalid argument", ...); never NULL. */
@@ -204,6 +207,24 @@ KIVI_API kivi_status kivi_cache_get_stats(const kivi_cache *cache, kivi_cache_st
  * caches: the conformance tests compare them across append splits and devices. */
 KIVI_API kivi_status kivi_cache_export_seq(const kivi_cache *cache, int seq_id, int layer,
                                            void *buf, size_t *bytes);
+
+/* ---- checkpoint / restore (docs/CHECKPOINT.md) ------------------------------------------ *
+ * A checkpoint holds the packed state of one sequence or of every non-empty sequence, with the
+ * cache geometry and a CRC-32; it can be restored into any cache of the same geometry on any
+ * device (GPU or host), giving bit-identical state.  Loading validates everything first: a
+ * truncated, corrupted, wrong-version or wrong-geometry checkpoint, or one that does not fit
+ * the pool, returns a status and leaves the target cache untouched. */
+
+#define KIVI_ALL_SEQS (-1)
+
+/* seq_id: one sequence, or KIVI_ALL_SEQS.  buf == NULL stores the size in *bytes. */
+KIVI_API kivi_status kivi_cache_save(const kivi_cache *cache, int seq_id, void *buf, size_t *bytes);
+/* seq_id: KIVI_ALL_SEQS replaces the whole cache (sequences absent from the checkpoint become
+ * empty, ids as saved); a sequence id loads a one-sequence checkpoint into that slot. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load(kivi_cache *cache, int seq_id, const void *buf, size_t bytes);
+/* The same through a file (written to PATH.tmp, then renamed). */
+KIVI_API kivi_status kivi_cache_save_file(const kivi_cache *cache, int seq_id, const char *path);
+KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int seq_id, const char *path);
 
 /* ---- attention ------------------------------------------------------------------------- *
  * n_q_heads must be a multiple of n_kv_heads (MHA, GQA, MQA); q head h reads kv-head

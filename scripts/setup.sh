@@ -4,7 +4,7 @@
 # toolkit (for offload) is not installed here: configure finds it in /usr/local/cuda.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
-pkgs="build-essential autoconf automake libtool pkg-config check clang-19 libomp-19-dev"
+pkgs="build-essential autoconf automake libtool pkg-config check zlib1g-dev clang-19 libomp-19-dev"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

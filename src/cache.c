@@ -43,7 +43,7 @@ kivi_status kivi_cache_config_check(const kivi_cache_config *c) {
   if (c->n_layers < 1 || c->n_kv_heads < 1 || c->head_dim < 1 || c->max_seqs < 1 ||
       c->max_seq_len < 1 || c->pool_tokens < 0 || c->group < 1 || c->residual < 1)
     return KIVI_ERR_ARG;
-  if (c->n_layers > 4096 || c->n_kv_heads > 4096 || c->max_seqs > (1 << 20)) return KIVI_ERR_ARG;
+  if (c->n_layers > 4096 || c->n_kv_heads > KIVI_MAX_KV_HEADS || c->max_seqs > (1 << 20)) return KIVI_ERR_ARG;
   if (!bits_ok(c->k_bits) || !bits_ok(c->v_bits)) return KIVI_ERR_UNSUPPORTED;
   if (c->head_dim % 32 || c->head_dim < KIVI_MIN_HEAD_DIM || c->head_dim > KIVI_MAX_HEAD_DIM)
     return KIVI_ERR_UNSUPPORTED;
@@ -425,9 +425,9 @@ kivi_status kivi_cache_get_stats(const kivi_cache *c, kivi_cache_stats *s) {
   return KIVI_OK;
 }
 
-/* ---- export ---- */
+/* ---- export / import: the packed state of one (sequence, layer), docs/FORMAT.md ---- */
 
-static size_t export_size(const kivi_cache *c, int64_t L) {
+size_t kivi_export_size(const kivi_cache *c, int64_t L) {
   const kivi_layout *l = &c->lay;
   const int64_t Lk = L - L % l->R, Lv = L > l->R ? L - l->R : 0;
   const size_t per_head = (size_t)Lk * l->kw * 4 + (l->kb < 16 ? (size_t)(Lk / l->G) * 2 * l->D * 2 : 0) +
@@ -436,45 +436,154 @@ static size_t export_size(const kivi_cache *c, int64_t L) {
   return per_head * l->H;
 }
 
+/* Walks the export layout of (seq, layer) with length L: for every piece, `copy(export offset,
+ * device address, bytes)` on host staging images of the blocks and rings.  Blocks and rings
+ * cross the bus whole (one copy each), not piece by piece. */
+typedef struct seq_images {
+  unsigned char *blocks; /* floor(L/R) blocks, block_bytes each */
+  uint16_t *kring, *vring; /* H rings of R x D */
+} seq_images;
+
+static void walk_export(const kivi_cache *c, int64_t L, seq_images *im, unsigned char *e, int to_export) {
+  const kivi_layout *l = &c->lay;
+  const int R = l->R, G = l->G, D = l->D, H = l->H;
+  const int64_t Lk = L - L % R, Lv = L > R ? L - R : 0;
+  const size_t kcode_blk = (size_t)R * l->kw * 4, ksz_blk = l->vcode_off - l->ksz_off;
+  const size_t vcode_tok = (size_t)l->vw * 4, vsz_tok = l->vb < 16 ? (size_t)(D / G) * 4 : 0;
+#define MOVE(img_, n_)                          \
+  do {                                          \
+    if (to_export) memcpy(e, (img_), (n_));     \
+    else memcpy((img_), e, (n_));               \
+    e += (n_);                                  \
+  } while (0)
+  for (int h = 0; h < H; ++h) {
+    unsigned char *sub = im->blocks + (size_t)h * l->sub_bytes;
+    for (int64_t b = 0; b < Lk / R; ++b) MOVE(sub + (size_t)b * l->block_bytes + l->kcode_off, kcode_blk);
+    for (int64_t b = 0; b < Lk / R; ++b) MOVE(sub + (size_t)b * l->block_bytes + l->ksz_off, ksz_blk);
+    for (int64_t p = 0; p < Lv; p += R) {
+      const size_t nt = (size_t)(Lv - p < R ? Lv - p : R);
+      MOVE(sub + (size_t)(p / R) * l->block_bytes + l->vcode_off, nt * vcode_tok);
+    }
+    for (int64_t p = 0; p < Lv && vsz_tok; p += R) {
+      const size_t nt = (size_t)(Lv - p < R ? Lv - p : R);
+      MOVE(sub + (size_t)(p / R) * l->block_bytes + l->vsz_off, nt * vsz_tok);
+    }
+    for (int64_t p = Lk; p < L; ++p) MOVE(im->kring + ((size_t)h * R + (size_t)(p % R)) * D, (size_t)D * 2);
+    for (int64_t p = Lv; p < L; ++p) MOVE(im->vring + ((size_t)h * R + (size_t)(p % R)) * D, (size_t)D * 2);
+  }
+#undef MOVE
+}
+
+static int images_alloc(const kivi_cache *c, int64_t L, seq_images *im) {
+  const size_t ring = (size_t)c->lay.H * c->lay.R * c->lay.D;
+  im->blocks = malloc((size_t)(L / c->lay.R + 1) * c->lay.block_bytes);
+  im->kring = calloc(ring, 2);
+  im->vring = calloc(ring, 2);
+  return im->blocks && im->kring && im->vring ? 0 : -1;
+}
+
+static void images_free(seq_images *im) {
+  free(im->blocks);
+  free(im->kring);
+  free(im->vring);
+}
+
 kivi_status kivi_cache_export_seq(const kivi_cache *c, int seq, int layer, void *buf, size_t *bytes) {
   if (!c || !bytes || seq < 0 || seq >= c->cfg.max_seqs || layer < 0 || layer >= c->cfg.n_layers)
     return KIVI_ERR_ARG;
   const int64_t L = kivi_len(c, seq, layer);
-  const size_t need = export_size(c, L);
+  const size_t need = kivi_export_size(c, L);
   if (!buf) {
     *bytes = need;
     return KIVI_OK;
   }
   if (*bytes < need) return KIVI_ERR_BUFFER;
   const kivi_layout *l = &c->lay;
-  const int R = l->R, G = l->G, D = l->D, NL = c->cfg.n_layers;
-  const int64_t Lk = L - L % R, Lv = L > R ? L - R : 0;
-  const size_t kcode_blk = (size_t)R * l->kw * 4, ksz_blk = l->vcode_off - l->ksz_off;
-  const size_t vcode_tok = (size_t)l->vw * 4, vsz_tok = l->vb < 16 ? (size_t)(D / G) * 4 : 0;
-  const int32_t *row = kivi_bt_row(c, seq, layer);
-  unsigned char *o = buf;
-  for (int h = 0; h < l->H; ++h) {
-#define GET(dst_, src_, n_) do { if (kivi_dev_get(c->ctx, (dst_), (src_), (n_))) return KIVI_ERR_DEVICE; } while (0)
-    const unsigned char *pool = c->pool;
-    for (int64_t b = 0; b < Lk / R; ++b, o += kcode_blk)
-      GET(o, pool + ((size_t)row[b] * l->H + h) * l->sub_bytes + l->kcode_off, kcode_blk);
-    for (int64_t b = 0; b < Lk / R; ++b, o += ksz_blk)
-      GET(o, pool + ((size_t)row[b] * l->H + h) * l->sub_bytes + l->ksz_off, ksz_blk);
-    for (int64_t p = 0; p < Lv; p += R) { /* V rows of each block, up to Lv */
-      const size_t nt = (size_t)(Lv - p < R ? Lv - p : R);
-      GET(o, pool + ((size_t)row[p / R] * l->H + h) * l->sub_bytes + l->vcode_off, nt * vcode_tok);
-      o += nt * vcode_tok;
-    }
-    for (int64_t p = 0; p < Lv && vsz_tok; p += R) {
-      const size_t nt = (size_t)(Lv - p < R ? Lv - p : R);
-      GET(o, pool + ((size_t)row[p / R] * l->H + h) * l->sub_bytes + l->vsz_off, nt * vsz_tok);
-      o += nt * vsz_tok;
-    }
-    const size_t ring = (((size_t)seq * NL + layer) * l->H + h) * (size_t)R * D;
-    for (int64_t p = Lk; p < L; ++p, o += (size_t)D * 2) GET(o, c->kres + ring + (size_t)(p % R) * D, (size_t)D * 2);
-    for (int64_t p = Lv; p < L; ++p, o += (size_t)D * 2) GET(o, c->vres + ring + (size_t)(p % R) * D, (size_t)D * 2);
-#undef GET
+  seq_images im;
+  if (images_alloc(c, L, &im)) {
+    images_free(&im);
+    return KIVI_ERR_NOMEM;
   }
+  const int32_t *row = kivi_bt_row(c, seq, layer);
+  const size_t ring = (((size_t)seq * c->cfg.n_layers + layer) * l->H) * (size_t)l->R * l->D;
+  int err = 0;
+  for (int64_t b = 0; b < L / l->R && !err; ++b)
+    err = kivi_dev_get(c->ctx, im.blocks + (size_t)b * l->block_bytes, c->pool + (size_t)row[b] * l->block_bytes,
+                       l->block_bytes);
+  if (!err) err = kivi_dev_get(c->ctx, im.kring, c->kres + ring, (size_t)l->H * l->R * l->D * 2);
+  if (!err) err = kivi_dev_get(c->ctx, im.vring, c->vres + ring, (size_t)l->H * l->R * l->D * 2);
+  if (!err) walk_export(c, L, &im, buf, 1);
+  images_free(&im);
+  if (err) return KIVI_ERR_DEVICE;
   *bytes = need;
   return KIVI_OK;
+}
+
+/* Replaces (seq, layer) with an exported state of length L (validated by the caller: the blob
+ * has kivi_export_size(L) bytes, L <= max_seq_len, and floor(L/R) blocks are free once the
+ * sequence's own blocks are returned).  Builds the blocks and rings on the host, uploads them
+ * whole, then updates the tables and the V exponent bounds. */
+kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const void *blob) {
+  const kivi_layout *l = &c->lay;
+  const int R = l->R, G = l->G, D = l->D, H = l->H, NL = c->cfg.n_layers;
+  seq_images im;
+  if (images_alloc(c, L, &im)) {
+    images_free(&im);
+    return KIVI_ERR_NOMEM;
+  }
+  memset(im.blocks, 0, (size_t)(L / R + 1) * l->block_bytes);
+  walk_export(c, L, &im, (unsigned char *)blob, 0);
+  /* exponent bounds of the V scales and zeros now in the cache */
+  int32_t vexp_new[2 * KIVI_MAX_KV_HEADS];
+  const int64_t Lv = L > R ? L - R : 0;
+  for (int h = 0; h < H; ++h) {
+    vexp_new[2 * h] = vexp_new[2 * h + 1] = -14;
+    for (int64_t p = 0; p < Lv && l->vb < 16; ++p) {
+      const uint16_t *sz = (const uint16_t *)(im.blocks + (size_t)(p / R) * l->block_bytes + (size_t)h * l->sub_bytes +
+                                              l->vsz_off) + (size_t)(p % R) * 2 * (D / G);
+      for (int g = 0; g < D / G; ++g)
+        for (int e = 0; e < 2; ++e) {
+          const int x = kivi_f16_exp_bound(sz[2 * g + e]);
+          if (x > vexp_new[2 * h + e]) vexp_new[2 * h + e] = x;
+        }
+    }
+  }
+  int32_t vexp_cur[2 * KIVI_MAX_KV_HEADS];
+  const kivi_context *ctx = c->ctx;
+  kivi_status st = KIVI_OK;
+  if (kivi_dev_get(ctx, vexp_cur, c->vexp + (size_t)layer * H * 2, (size_t)H * 2 * 4)) st = KIVI_ERR_DEVICE;
+  /* return the sequence's blocks, take new ones */
+  int32_t *row = kivi_bt_row(c, seq, layer);
+  const int64_t nb_old = kivi_len(c, seq, layer) / R, nb = L / R;
+  if (!st) {
+    for (int64_t b = 0; b < nb_old; ++b) {
+      c->free_list[c->n_free++] = row[b];
+      row[b] = -1;
+    }
+    for (int64_t b = 0; b < nb; ++b) row[b] = c->free_list[--c->n_free];
+    c->len[(size_t)seq * NL + layer] = (int32_t)L;
+  }
+  const size_t ring = (((size_t)seq * NL + layer) * H) * (size_t)R * D;
+  int err = st != KIVI_OK;
+  for (int64_t b = 0; b < nb && !err; ++b)
+    err = kivi_dev_put(ctx, c->pool + (size_t)row[b] * l->block_bytes, im.blocks + (size_t)b * l->block_bytes,
+                       l->block_bytes);
+  if (!err && nb) err = kivi_dev_put(ctx, c->bt + ((size_t)seq * NL + layer) * c->max_blocks, row, (size_t)nb * 4);
+  if (!err) err = kivi_dev_put(ctx, c->kres + ring, im.kring, (size_t)H * R * D * 2);
+  if (!err) err = kivi_dev_put(ctx, c->vres + ring, im.vring, (size_t)H * R * D * 2);
+  if (!err) {
+    for (int i = 0; i < 2 * H; ++i) vexp_cur[i] = vexp_cur[i] > vexp_new[i] ? vexp_cur[i] : vexp_new[i];
+    err = kivi_dev_put(ctx, c->vexp + (size_t)layer * H * 2, vexp_cur, (size_t)H * 2 * 4);
+  }
+  images_free(&im);
+  if (err && !st) {
+    /* a failed copy leaves this sequence empty rather than half-written */
+    for (int64_t b = 0; b < nb; ++b) {
+      c->free_list[c->n_free++] = row[b];
+      row[b] = -1;
+    }
+    c->len[(size_t)seq * NL + layer] = 0;
+    st = KIVI_ERR_DEVICE;
+  }
+  return st;
 }

@@ -78,6 +78,10 @@ void kivi_gpu_fast_decode(const kivi_cache *c, int layer, int rows, int HQ, cons
                           int col_beg, int fs, int nf, int nslots, const float *q, float qmul, float *part_o,
                           float *part_ml);
 
+/* Export blob size of a (sequence, layer) of length L; import of such a blob (cache.c). */
+size_t kivi_export_size(const kivi_cache *c, int64_t L);
+kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const void *blob);
+
 /* Checks a list of sequence ids: non-NULL, in range, no duplicates. */
 kivi_status kivi_check_seq_ids(const kivi_cache *c, int n_seqs, const int *seq_ids);
 

@@ -38,6 +38,7 @@
 #define KIVI_MIN_GROUP 32
 #define KIVI_MAX_GROUP 128
 #define KIVI_MAX_RESIDUAL 1024
+#define KIVI_MAX_KV_HEADS 4096
 
 /* The smallest sub-block arrays (D = 32, G = R = 32, b = 2) are multiples of 16 bytes; every
  * larger legal geometry multiplies these sizes by whole factors. */

@@ -41,6 +41,38 @@ static inline kivi_context *tu_context(void) {
   return ctx;
 }
 
+/* Snapshot of everything observable: every (seq, layer) export and length, and the stats. */
+typedef struct snapshot {
+  unsigned char *bytes;
+  size_t n;
+  kivi_cache_stats st;
+} snapshot;
+
+static inline snapshot snap(const kivi_cache *c) {
+  kivi_cache_config cfg;
+  ck_assert_int_eq(kivi_cache_get_config(c, &cfg), KIVI_OK);
+  snapshot s = {NULL, 0, {0}};
+  for (int q = 0; q < cfg.max_seqs; ++q)
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      size_t n = 0;
+      int len = -1;
+      ck_assert_int_eq(kivi_cache_seq_length(c, q, l, &len), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_export_seq(c, q, l, NULL, &n), KIVI_OK);
+      s.bytes = realloc(s.bytes, s.n + n + sizeof len);
+      memcpy(s.bytes + s.n, &len, sizeof len);
+      ck_assert_int_eq(kivi_cache_export_seq(c, q, l, s.bytes + s.n + sizeof len, &n), KIVI_OK);
+      s.n += n + sizeof len;
+    }
+  ck_assert_int_eq(kivi_cache_get_stats(c, &s.st), KIVI_OK);
+  return s;
+}
+
+static inline void same(const snapshot *a, const snapshot *b) {
+  ck_assert_uint_eq(a->n, b->n);
+  ck_assert_int_eq(memcmp(a->bytes, b->bytes, a->n), 0);
+  ck_assert_int_eq(memcmp(&a->st, &b->st, sizeof a->st), 0);
+}
+
 static inline int tu_run(Suite *s) {
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_NOFORK);

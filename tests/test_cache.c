@@ -20,38 +20,6 @@ static kivi_cache *make(int layers, int H, int D, int seqs, int maxlen, int kb, 
   return c;
 }
 
-/* Snapshot of everything observable: every (seq, layer) export and length, and the stats. */
-typedef struct snapshot {
-  unsigned char *bytes;
-  size_t n;
-  kivi_cache_stats st;
-} snapshot;
-
-static snapshot snap(const kivi_cache *c) {
-  kivi_cache_config cfg;
-  ck_assert_int_eq(kivi_cache_get_config(c, &cfg), KIVI_OK);
-  snapshot s = {NULL, 0, {0}};
-  for (int q = 0; q < cfg.max_seqs; ++q)
-    for (int l = 0; l < cfg.n_layers; ++l) {
-      size_t n = 0;
-      int len = -1;
-      ck_assert_int_eq(kivi_cache_seq_length(c, q, l, &len), KIVI_OK);
-      ck_assert_int_eq(kivi_cache_export_seq(c, q, l, NULL, &n), KIVI_OK);
-      s.bytes = realloc(s.bytes, s.n + n + sizeof len);
-      memcpy(s.bytes + s.n, &len, sizeof len);
-      ck_assert_int_eq(kivi_cache_export_seq(c, q, l, s.bytes + s.n + sizeof len, &n), KIVI_OK);
-      s.n += n + sizeof len;
-    }
-  ck_assert_int_eq(kivi_cache_get_stats(c, &s.st), KIVI_OK);
-  return s;
-}
-
-static void same(const snapshot *a, const snapshot *b) {
-  ck_assert_uint_eq(a->n, b->n);
-  ck_assert_int_eq(memcmp(a->bytes, b->bytes, a->n), 0);
-  ck_assert_int_eq(memcmp(&a->st, &b->st, sizeof a->st), 0);
-}
-
 START_TEST(config_validation) {
   kivi_cache_config cfg, bad;
   kivi_cache_config_init(&cfg, 2, 4, 128, 2, 1024);
