@@ -4,7 +4,9 @@
  * new fp32 tokens (decode: e = 0; extend: new token j sees e = j + 1).  A work item is
  * (row, kv-head, chunk of that kv-head's query heads, split of the tokens); it reads each K/V
  * token of its split once for all query heads of the chunk (GQA), runs an online softmax over
- * tiles, and writes a partial (o, m, l) per query head.  A second launch combines the splits.
+ * tiles, and writes a partial (o, m, l) per query head.  The last item of each (row, kv-head,
+ * head chunk) to finish (an atomic counter per group, reset by that item) combines the splits in
+ * the same launch: one launch per step (two with the GPU fast path, which runs first).
  *
  * Manifest (device memory):
  *   pool, bt, kres, vres   the cache (cache.c)
@@ -64,6 +66,30 @@ static inline float kivi_team_reduce(float v, int is_max, float *red, int tid, i
 }
 #pragma omp end declare target
 
+#pragma omp declare target
+/* Element i of the output ([rows][HQ][D]): out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s
+ * over the nslots partials of its (row, head); empty splits (l = 0) leave o unwritten. */
+static inline void combine_item(int64_t i, int D, int64_t nslots, const float *part_o, const float *part_ml,
+                                void *out, int out_f16, float *lse) {
+  const int64_t rh = i / D;
+  const int d = (int)(i % D);
+  const float *ml = part_ml + (size_t)rh * nslots * 2;
+  float M = -INFINITY;
+  for (int64_t s = 0; s < nslots; ++s) M = fmaxf(M, ml[2 * s]);
+  float num = 0.0f, den = 0.0f;
+  for (int64_t s = 0; s < nslots; ++s)
+    if (ml[2 * s + 1] > 0.0f) {
+      const float w = exp2f(ml[2 * s] - M);
+      num += w * part_o[((size_t)rh * nslots + s) * D + d];
+      den += w * ml[2 * s + 1];
+    }
+  const float o = num / den;
+  if (out_f16) ((uint16_t *)out)[i] = kivi_f32_to_f16(o);
+  else ((float *)out)[i] = o;
+  if (lse && d == 0) lse[rh] = (M + log2f(den)) * 0.6931471805599453f;
+}
+#pragma omp end declare target
+
 /* Heads per item and tokens per split: the split's logits of all the item's heads must fit in
  * KIVI_ATT_PCAP, and there must be enough items to fill the device. */
 typedef struct att_plan {
@@ -109,6 +135,20 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const int64_t nsplit = pl->nsplit, split_len = pl->split_len, nitems = pl->nitems;
   const int64_t nslots = pl->nslots, slot0 = pl->nf;
 
+  /* per-group arrival counters, zero between calls (the last item resets its own) */
+  const int64_t ngroups = (int64_t)rows * H * nqc;
+  if ((size_t)ngroups * 4 > c->cnt.bytes) {
+    if (kivi_scratch_reserve(ctx, &c->cnt, (size_t)ngroups * 4)) return KIVI_ERR_NOMEM;
+    unsigned *zeros = calloc((size_t)ngroups, 4);
+    const int err = !zeros || kivi_dev_put(ctx, c->cnt.p, zeros, (size_t)ngroups * 4);
+    free(zeros);
+    if (err) {
+      kivi_scratch_free(ctx, &c->cnt);
+      return KIVI_ERR_DEVICE;
+    }
+  }
+  unsigned *cnt = c->cnt.p;
+
   /* scratch: dd | part_o | part_ml */
   int64_t *dd = (int64_t *)scratch;
   float *part_o = (float *)(scratch + pad16((size_t)R_NCOLS * rows * 8));
@@ -128,11 +168,12 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const int nthreads = on_gpu ? KIVI_ATT_NT : 1;
 
 #pragma omp target teams device(dev) num_teams(nteams) thread_limit(nthreads) \
-    is_device_ptr(pool, bt, kres, vres, q, kn, vn, dd, part_o, part_ml)
+    is_device_ptr(pool, bt, kres, vres, q, kn, vn, dd, part_o, part_ml, cnt, out, lse)
   {
     float s_q[KIVI_ATT_QCAP], s_qs[KIVI_ATT_QSCAP], s_bias[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP)];
     float s_p[KIVI_ATT_PCAP], s_bp[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP) * 32], s_red[KIVI_ATT_NT];
-    KIVI_TEAM_SHARED(s_q, s_qs, s_bias, s_p, s_bp, s_red)
+    int s_last[1];
+    KIVI_TEAM_SHARED(s_q, s_qs, s_bias, s_p, s_bp, s_red, s_last)
     float *const s_o = s_qs; /* the V phase's lane partials reuse the K staging area */
 #pragma omp parallel
     {
@@ -274,31 +315,28 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
             part_ml[o] = mh[hh];
             part_ml[o + 1] = lh[hh];
           }
+        /* ---- arrival: the group's last item combines all of its splits */
+#pragma omp flush
+#pragma omp barrier
+        const int64_t grp = (r * H + kvh) * nqc + qc;
+        if (tid == 0) {
+          unsigned seen;
+#pragma omp atomic capture seq_cst
+          seen = cnt[grp]++;
+          s_last[0] = seen == (unsigned)(nsplit - 1);
+        }
+#pragma omp barrier
+        if (s_last[0]) {
+#pragma omp flush
+          for (int i = tid; i < nh * D; i += nth)
+            combine_item(((r * HQ + h0) * D) + i, D, nslots, part_o, part_ml, out, out_f16, lse);
+          if (tid == 0) cnt[grp] = 0;
+        }
+#pragma omp barrier
       }
     }
   }
 
-  /* combine the splits: out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s */
-  const int64_t n_out = (int64_t)rows * HQ * D;
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(part_o, part_ml, out, lse)
-  for (int64_t i = 0; i < n_out; ++i) {
-    const int64_t rh = i / D;
-    const int d = (int)(i % D);
-    const float *ml = part_ml + (size_t)rh * nslots * 2;
-    float M = -INFINITY;
-    for (int64_t s = 0; s < nslots; ++s) M = fmaxf(M, ml[2 * s]);
-    float num = 0.0f, den = 0.0f;
-    for (int64_t s = 0; s < nslots; ++s)
-      if (ml[2 * s + 1] > 0.0f) { /* empty splits leave o unwritten */
-        const float a = exp2f(ml[2 * s] - M);
-        num += a * part_o[((size_t)rh * nslots + s) * D + d];
-        den += a * ml[2 * s + 1];
-      }
-    const float o = num / den;
-    if (out_f16) ((uint16_t *)out)[i] = kivi_f32_to_f16(o);
-    else ((float *)out)[i] = o;
-    if (lse && d == 0) lse[rh] = (M + log2f(den)) * 0.6931471805599453f;
-  }
   c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 ? KIVI_KERNEL_GPU_F16X2 : 0u);
   return KIVI_OK;
 }

@@ -67,6 +67,7 @@ void kivi_cache_destroy(kivi_cache *c) {
   kivi_scratch_free(ctx, &c->stage);
   kivi_scratch_free(ctx, &c->desc);
   kivi_scratch_free(ctx, &c->work);
+  kivi_scratch_free(ctx, &c->cnt);
   free(c->bt_host);
   free(c->len);
   free(c->free_list);

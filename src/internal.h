@@ -60,6 +60,7 @@ struct kivi_cache {
   kivi_scratch stage;   /* append: raw input, fp16 tokens, flags */
   kivi_scratch desc;    /* per-call descriptors */
   kivi_scratch work;    /* attention: q, partials, outputs */
+  kivi_scratch cnt;     /* attention: arrival counters of the split groups (kept zero) */
 };
 
 static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
