@@ -1,7 +1,8 @@
 /* kivi-bench: decode-step time of the fused KIVI attention against our own fp16 path in the
  * same run, append/quantize throughput, and the memory table.
  *
- *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--sweep]
+ *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
+ *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N]
  *
  * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
  * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
@@ -157,7 +158,9 @@ static double check_seq0(const kivi_cache *c, int H, int HQ, int D, int S, int k
 
 int main(int argc, char **argv) {
   const char *json_path = NULL;
-  int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, sweep = 0;
+  int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, skip_decode = 0, sweep = 0;
+  shape one = {0, 0, 0};
+  int kv_heads = 0; /* --kv-heads: GQA, query heads = H of the shape */
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -167,8 +170,13 @@ int main(int argc, char **argv) {
       device = !strcmp(argv[i], "host") ? KIVI_DEVICE_HOST : KIVI_DEVICE_DEFAULT;
     } else if (!strcmp(argv[i], "--skip-append")) skip_append = 1;
     else if (!strcmp(argv[i], "--sweep")) sweep = 1;
+    else if (!strcmp(argv[i], "--skip-decode")) skip_decode = 1;
+    else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) kv_heads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[++i], "%d,%d,%d", &one.B, &one.H, &one.S) == 3 &&
+             one.B > 0 && one.H > 0 && one.S > 0) {
+    }
     else {
-      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--sweep]\n");
+      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N]\n");
       return 2;
     }
   }
@@ -189,27 +197,29 @@ int main(int argc, char **argv) {
 
   const shape full[] = {{1, 32, 4096}, {1, 32, 32768}, {8, 32, 4096}, {8, 32, 32768}, {32, 32, 4096}};
   const shape small[] = {{1, 4, 512}, {2, 4, 2048}, {4, 8, 1024}};
-  const shape *shapes = quick ? small : full;
-  const int nshapes = quick ? 3 : 5, D = 128, bits[2] = {2, 4};
+  const shape *shapes = one.B ? &one : quick ? small : full; /* --shape: that decode shape only */
+  const int nshapes = skip_decode ? 0 : one.B ? 1 : quick ? 3 : 5, D = 128, bits[2] = {2, 4};
   printf("\ndecode step, D=%d, G=32, R=128, MHA, median of %d calls (wall, synchronous)\n", D, reps);
   printf("%5s %4s %7s %5s | %10s %9s %8s | %10s %8s | %7s %9s\n", "B", "H", "S", "bits", "time_us", "MB_read",
          "GB/s", "fp16_us", "fp16GB/s", "speedup", "rel_err");
   int first = 1;
   for (int si = 0; si < nshapes; ++si) {
     const shape sh = shapes[si];
+    const int HK = kv_heads > 0 && sh.H % kv_heads == 0 ? kv_heads : sh.H; /* kv-heads (GQA when < H) */
     const size_t qn = (size_t)sh.B * sh.H * D;
+    if (HK != sh.H) printf("(GQA: %d query heads over %d kv-heads)\n", sh.H, HK);
     float *q = malloc(qn * 4), *out = malloc(qn * 4);
     for (size_t i = 0; i < qn; ++i) q[i] = urand();
-    kivi_cache *c16 = fill(sh.B, sh.H, D, sh.S, 16, 16, NULL, NULL);
+    kivi_cache *c16 = fill(sh.B, HK, D, sh.S, 16, 16, NULL, NULL);
     const double t16 = time_decode(c16, sh.B, sh.H, D, q, out);
     const size_t b16 = cache_bytes(c16, sh.B);
     kivi_cache_destroy(c16);
     for (int bi = 0; bi < 2; ++bi) {
       float *k0, *v0;
-      kivi_cache *c = fill(sh.B, sh.H, D, sh.S, bits[bi], bits[bi], &k0, &v0);
+      kivi_cache *c = fill(sh.B, HK, D, sh.S, bits[bi], bits[bi], &k0, &v0);
       const double t = time_decode(c, sh.B, sh.H, D, q, out);
       const size_t b = cache_bytes(c, sh.B);
-      const double err = check_seq0(c, sh.H, sh.H, D, sh.S, bits[bi], bits[bi], q, out);
+      const double err = check_seq0(c, HK, sh.H, D, sh.S, bits[bi], bits[bi], q, out);
       printf("%5d %4d %7d %5d | %10.1f %9.1f %8.1f | %10.1f %8.1f | %6.2fx %9.2e\n", sh.B, sh.H, sh.S, bits[bi],
              t * 1e6, b / 1e6, b / t / 1e9, t16 * 1e6, b16 / t16 / 1e9, t16 / t, err);
       if (js)
@@ -218,7 +228,7 @@ int main(int argc, char **argv) {
                 "\"n_kv_heads\": %d, \"seq_len\": %d, \"head_dim\": %d, \"device\": \"%s\", \"time_us\": %.3f, "
                 "\"bytes_read\": %zu, \"gbps\": %.3f, \"rel_err_vs_ref\": %.3e, \"fp16_time_us\": %.3f, "
                 "\"fp16_bytes_read\": %zu}",
-                first ? "" : ",\n", bits[bi], sh.B, sh.H, sh.H, sh.S, D, dev, t * 1e6, b, b / t / 1e9, err, t16 * 1e6,
+                first ? "" : ",\n", bits[bi], sh.B, sh.H, HK, sh.S, D, dev, t * 1e6, b, b / t / 1e9, err, t16 * 1e6,
                 b16);
       first = 0;
       kivi_cache_destroy(c);

@@ -21,15 +21,7 @@ typedef struct acase {
 } acase;
 
 static kivi_cache *make_cache(const acase *a, int seqs, int maxlen) {
-  kivi_cache_config cfg;
-  kivi_cache_config_init(&cfg, 1, a->H, a->D, seqs, maxlen);
-  cfg.k_bits = a->kb;
-  cfg.v_bits = a->vb;
-  cfg.group = a->G;
-  cfg.residual = a->R;
-  kivi_cache *c = NULL;
-  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
-  return c;
+  return tu_cache(ctx, 1, a->H, a->D, seqs, maxlen, a->kb, a->vb, a->G, a->R);
 }
 
 /* Keys with an outlier channel, values with a per-channel offset so outputs are O(1). */

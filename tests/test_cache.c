@@ -9,15 +9,7 @@ static void setup(void) { ctx = tu_context(); }
 static void teardown(void) { kivi_context_destroy(ctx); }
 
 static kivi_cache *make(int layers, int H, int D, int seqs, int maxlen, int kb, int vb, int G, int R) {
-  kivi_cache_config cfg;
-  kivi_cache_config_init(&cfg, layers, H, D, seqs, maxlen);
-  cfg.k_bits = kb;
-  cfg.v_bits = vb;
-  cfg.group = G;
-  cfg.residual = R;
-  kivi_cache *c = NULL;
-  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
-  return c;
+  return tu_cache(ctx, layers, H, D, seqs, maxlen, kb, vb, G, R);
 }
 
 START_TEST(config_validation) {

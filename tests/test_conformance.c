@@ -41,15 +41,7 @@ static void make_tokens(const geom_case *g, int L, uint64_t seed, float **k, flo
 }
 
 static kivi_cache *make_cache(kivi_context *c, const geom_case *g, int seqs, int maxlen) {
-  kivi_cache_config cfg;
-  kivi_cache_config_init(&cfg, 2, g->H, g->D, seqs, maxlen);
-  cfg.k_bits = g->kb;
-  cfg.v_bits = g->vb;
-  cfg.group = g->G;
-  cfg.residual = g->R;
-  kivi_cache *cache = NULL;
-  ck_assert_int_eq(kivi_cache_create(c, &cfg, &cache), KIVI_OK);
-  return cache;
+  return tu_cache(c, 2, g->H, g->D, seqs, maxlen, g->kb, g->vb, g->G, g->R);
 }
 
 static unsigned char *export_of(const kivi_cache *c, int seq, int layer, size_t *n) {
