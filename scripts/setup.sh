@@ -1,5 +1,6 @@
 #!/bin/sh
-# Installs what libkivi-omp needs to build and test on Debian/Ubuntu (run as root or via sudo):
+# Installs what libkivi-omp needs to build and test on Debian/Ubuntu (as root, or through sudo
+# when run by another user):
 # autotools, Check, gcc, and clang-19 + libomp-19-dev for the GPU-offloading build.  The CUDA
 # toolkit (for offload) is not installed here: configure finds it in /usr/local/cuda.
 set -eu
@@ -8,8 +9,10 @@ pkgs="build-essential autoconf automake libtool pkg-config check zlib1g-dev clan
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
-  apt-get update -qq
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
   # shellcheck disable=SC2086
-  apt-get install -y -qq --no-install-recommends $missing
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
 fi
 echo "setup: build dependencies present ($pkgs)"

@@ -3,17 +3,21 @@
  * Both calls become "rows": one query token of one sequence that sees Lc cached tokens plus e
  * new fp32 tokens (decode: e = 0; extend: new token j sees e = j + 1).  A work item is
  * (row, kv-head, chunk of that kv-head's query heads, split of the tokens); it reads each K/V
- * token of its split once for all query heads of the chunk (GQA), runs an online softmax over
- * tiles, and writes a partial (o, m, l) per query head.  The last item of each (row, kv-head,
- * head chunk) to finish (an atomic counter per group, reset by that item) combines the splits in
- * the same launch: one launch per step (two with the GPU fast path, which runs first).
+ * token of its split once for all query heads of the chunk (GQA), keeps the split's logits in
+ * team-shared memory, takes one softmax over them, and writes a partial (o, m, l) per query
+ * head.  The last item of each (row, kv-head, head chunk) to finish (an atomic counter per
+ * group, reset by that item) combines the group's splits in the same launch: one launch per
+ * step, two with the GPU fast path (attention_gpu.c), which runs first and fills the first
+ * partial slots.
  *
  * Manifest (device memory):
  *   pool, bt, kres, vres   the cache (cache.c)
- *   wq     [rows][HQ][D] f32 queries         wkn, wvn [new tokens][H][D] f32 (extend only)
- *   part_o [rows][HQ][nsplit][D] f32         part_ml [rows][HQ][nsplit][2] f32 (m, l; base 2)
- *   wout   [rows][HQ][D] f32 or f16          wlse [rows][HQ] f32 (optional)
- *   dd     [4][rows] int64: seq, Lc, e, first new token of the row's sequence */
+ *   q      [rows][HQ][D] f32 queries          kn, vn [new tokens][H][D] f32 (extend only)
+ *   part_o [rows][HQ][nslots][D] f32          part_ml [rows][HQ][nslots][2] f32 (m, l; base 2)
+ *   out    [rows][HQ][D] f32 or f16           lse [rows][HQ] f32 (optional)
+ *   dd     [5][rows] int64: seq, Lc, e, first new token of the row's sequence, first token of
+ *          the portable kernel (after the fast path's share)
+ *   cnt    [rows][H][head chunks] u32 arrival counters, zero between calls */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
