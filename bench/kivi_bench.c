@@ -309,6 +309,46 @@ int main(int argc, char **argv) {
     kivi_context_free(ctx, dv);
     free(h);
   }
+  /* the decode step's append: one token for each of 8 sequences of 4096 tokens (device input),
+   * the per-layer cost of a generation step before the attention */
+  if (!skip_append) {
+    const int B = 8, AS1 = quick ? 512 : 4096;
+    kivi_cache_config cfg;
+    kivi_cache_config_init(&cfg, 1, AH, D, B, AS1);
+    kivi_cache *c;
+    TRY(kivi_cache_create(ctx, &cfg, &c));
+    const size_t n1 = (size_t)B * AH * D;
+    uint16_t *h = malloc(n1 * 2);
+    for (size_t i = 0; i < n1; ++i) h[i] = ref_f16(urand());
+    void *dk;
+    TRY(kivi_context_alloc(ctx, n1 * 2, &dk));
+    TRY(kivi_context_upload(ctx, dk, h, n1 * 2));
+    int ids[8], ones[8];
+    for (int i = 0; i < B; ++i) { ids[i] = i; ones[i] = 1; }
+    const int pre = AS1 - 64; /* one prefill, then 64 timed one-token appends */
+    int pres[8];
+    for (int i = 0; i < B; ++i) pres[i] = pre;
+    uint16_t *hp = malloc((size_t)B * pre * AH * D * 2);
+    for (size_t i = 0; i < (size_t)B * pre * AH * D; ++i) hp[i] = h[i % n1];
+    TRY(kivi_cache_append(c, 0, B, ids, pres, hp, hp, KIVI_F16, KIVI_MEM_HOST));
+    free(hp);
+    double tt[64];
+    for (int r = 0; r < 64; ++r) {
+      const double t0 = now_s();
+      TRY(kivi_cache_append(c, 0, B, ids, ones, dk, dk, KIVI_F16, KIVI_MEM_DEVICE));
+      tt[r] = now_s() - t0;
+    }
+    qsort(tt, 64, sizeof(double), cmp_double);
+    printf("decode-step append (1 token x %d sequences at ~%d tokens, %d kv-heads, 2-bit): %.1f us median\n", B, AS1,
+           AH, tt[32] * 1e6);
+    if (js)
+      fprintf(js, "%s    {\"bits\": 2, \"tokens\": 1, \"batch\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
+                  "\"device\": \"%s\", \"time_us_per_call\": %.3f}",
+              first ? "" : ",\n", B, AH, D, dev, tt[32] * 1e6);
+    kivi_context_free(ctx, dk);
+    free(h);
+    kivi_cache_destroy(c);
+  }
   if (js) fprintf(js, "\n  ],\n  \"memory\": [\n");
 
   /* memory table: one Llama-2-7B layer (32 kv-heads x 128) at 4096 tokens, x 32 layers */

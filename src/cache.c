@@ -65,7 +65,6 @@ void kivi_cache_destroy(kivi_cache *c) {
   kivi_dev_free(ctx, c->bt);
   kivi_dev_free(ctx, c->vexp);
   kivi_scratch_free(ctx, &c->stage);
-  kivi_scratch_free(ctx, &c->desc);
   kivi_scratch_free(ctx, &c->work);
   kivi_scratch_free(ctx, &c->cnt);
   free(c->bt_host);
@@ -174,6 +173,19 @@ static size_t dtype_size(kivi_dtype t) { return t == KIVI_F32 ? 4 : 2; }
 /* Per-call descriptor, one int64 array uploaded at once: 7 columns of n entries. */
 enum { D_SEQ, D_L, D_N, D_STAGE, D_KBPRE, D_VQPRE, D_VQBEG, D_NCOLS };
 
+/* Gives back the blocks an append took (before its lengths were updated), newest first. */
+static void append_undo_blocks(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new) {
+  const int R = c->cfg.residual;
+  for (int i = n_seqs - 1; i >= 0; --i) {
+    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
+    int32_t *row = kivi_bt_row(c, seq_ids[i], layer);
+    for (int64_t b = L2 / R - 1; b >= L / R; --b) {
+      c->free_list[c->n_free++] = row[b];
+      row[b] = -1;
+    }
+  }
+}
+
 kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *seq_ids,
                               const int *n_new, const void *k, const void *v, kivi_dtype dtype,
                               kivi_mem mem) {
@@ -196,54 +208,33 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
   if (!k || !v) return KIVI_ERR_ARG;
   if (need_blocks > c->n_free) return KIVI_ERR_CAPACITY;
 
-  /* scratch: [raw K | raw V] (host input only), fp16 K, fp16 V, flag */
+  /* Host state first: the new blocks (handed back below if anything fails). */
   const kivi_context *ctx = c->ctx;
+  for (int i = 0; i < n_seqs; ++i) {
+    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
+    int32_t *row = kivi_bt_row(c, seq_ids[i], layer);
+    for (int64_t b = L / R; b < L2 / R; ++b) row[b] = c->free_list[--c->n_free];
+  }
+
+  /* One upload per call: [descriptor | block-table updates | flag | raw K | raw V], then the
+   * device-side fp16 copies of K and V.  (Host inputs are copied into the image first: one
+   * transfer instead of several synchronous ones.) */
   const size_t nel = (size_t)total * H * D, esz = dtype_size(dtype);
-  const size_t raw_bytes = mem == KIVI_MEM_HOST ? 2 * nel * esz : 0;
-  const size_t raw_pad = (raw_bytes + 15) & ~(size_t)15, f16_pad = (nel * 2 + 15) & ~(size_t)15;
-  if (kivi_scratch_reserve(ctx, &c->stage, raw_pad + 2 * f16_pad + 16)) return KIVI_ERR_NOMEM;
-  unsigned char *base = c->stage.p;
-  const void *kin = k, *vin = v;
-  if (mem == KIVI_MEM_HOST) {
-    if (kivi_dev_put(ctx, base, k, nel * esz) || kivi_dev_put(ctx, base + nel * esz, v, nel * esz))
-      return KIVI_ERR_DEVICE;
-    kin = base;
-    vin = base + nel * esz;
+  const size_t n_desc = (size_t)D_NCOLS * n_seqs, n_bt = (size_t)need_blocks;
+  const size_t head = ((n_desc + 2 * n_bt + 1) * 8 + 15) & ~(size_t)15;
+  const size_t raw = mem == KIVI_MEM_HOST ? (2 * nel * esz + 15) & ~(size_t)15 : 0;
+  const size_t f16 = (nel * 2 + 15) & ~(size_t)15;
+  unsigned char *img = malloc(head + raw);
+  if (!img || kivi_scratch_reserve(ctx, &c->stage, head + raw + 2 * f16)) {
+    free(img);
+    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+    return KIVI_ERR_NOMEM;
   }
-  uint16_t *kst = (uint16_t *)(base + raw_pad), *vst = (uint16_t *)(base + raw_pad + f16_pad);
-  int *flag = (int *)(base + raw_pad + 2 * f16_pad);
-  const int zero = 0;
-  if (kivi_dev_put(ctx, flag, &zero, sizeof zero)) return KIVI_ERR_DEVICE;
-
-  const int dev = ctx->device, dt = (int)dtype;
-  const int64_t nel64 = (int64_t)nel;
-  /* 2: convert K and V to fp16; any non-finite result (NaN, Inf, |x| >= 65520) sets the flag */
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(kin, vin, kst, vst, flag)
-  for (int64_t i = 0; i < 2 * nel64; ++i) {
-    const int is_v = i >= nel64;
-    const int64_t j = is_v ? i - nel64 : i;
-    const void *src = is_v ? vin : kin;
-    uint16_t h;
-    if (dt == KIVI_F32) h = kivi_f32_to_f16(((const float *)src)[j]);
-    else if (dt == KIVI_BF16) h = kivi_f32_to_f16(kivi_bf16_to_f32(((const uint16_t *)src)[j]));
-    else h = ((const uint16_t *)src)[j];
-    (is_v ? vst : kst)[j] = h;
-    if (!kivi_f16_finite(h)) {
-#pragma omp atomic write
-      flag[0] = 1;
-    }
-  }
-  int bad = 0;
-  if (kivi_dev_get(ctx, &bad, flag, sizeof bad)) return KIVI_ERR_DEVICE;
-  if (bad) return KIVI_ERR_NONFINITE;
-
-  /* descriptors (host), then the only state change that can fail: none after this point
-   * except device copies, which leave the host state untouched when they fail */
-  int64_t *hd = malloc(((size_t)D_NCOLS * n_seqs) * sizeof(int64_t));
-  if (!hd) return KIVI_ERR_NOMEM;
   int64_t *col[D_NCOLS];
-  for (int j = 0; j < D_NCOLS; ++j) col[j] = hd + (size_t)j * n_seqs;
+  for (int j = 0; j < D_NCOLS; ++j) col[j] = (int64_t *)img + (size_t)j * n_seqs;
+  int64_t *btu = (int64_t *)img + n_desc; /* pairs (index into bt, block id) */
   int64_t stage_tok = 0, kb = 0, vq = 0;
+  size_t u = 0;
   for (int i = 0; i < n_seqs; ++i) {
     const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
     const int64_t vb0 = L > R ? L - R : 0, vb1 = L2 > R ? L2 - R : 0;
@@ -257,84 +248,103 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
     stage_tok += n_new[i];
     kb += L2 / R - L / R;
     vq += vb1 - vb0;
+    const int32_t *row = kivi_bt_row(c, seq_ids[i], layer);
+    for (int64_t b = L / R; b < L2 / R; ++b, ++u) {
+      btu[2 * u] = ((int64_t)seq_ids[i] * NL + layer) * c->max_blocks + b;
+      btu[2 * u + 1] = row[b];
+    }
   }
-  const int64_t n_kb = kb, n_vq = vq;
-
-  if (kivi_scratch_reserve(ctx, &c->desc, ((size_t)D_NCOLS * n_seqs) * sizeof(int64_t))) {
-    free(hd);
-    return KIVI_ERR_NOMEM;
+  btu[2 * n_bt] = 0; /* the flag */
+  if (mem == KIVI_MEM_HOST) {
+    memcpy(img + head, k, nel * esz);
+    memcpy(img + head + nel * esz, v, nel * esz);
   }
-  int64_t *dd = c->desc.p;
-  if (kivi_dev_put(ctx, dd, hd, ((size_t)D_NCOLS * n_seqs) * sizeof(int64_t))) {
-    free(hd);
+  unsigned char *base = c->stage.p;
+  const int put_err = kivi_dev_put(ctx, base, img, head + raw);
+  free(img);
+  if (put_err) {
+    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_DEVICE;
   }
-  free(hd);
+  const int64_t *dd = (const int64_t *)base;
+  const int64_t *dbtu = dd + n_desc;
+  int64_t *flag = (int64_t *)base + n_desc + 2 * n_bt;
+  const void *kin = mem == KIVI_MEM_HOST ? (const void *)(base + head) : k;
+  const void *vin = mem == KIVI_MEM_HOST ? (const void *)(base + head + nel * esz) : v;
+  uint16_t *kst = (uint16_t *)(base + head + raw), *vst = (uint16_t *)(base + head + raw + f16);
+  const int64_t n_kb = kb, n_vq = vq;
 
-  /* 3: blocks.  Upload each touched table row's new entries; roll back on a failed copy. */
-  int64_t n_free0 = c->n_free;
-  for (int i = 0; i < n_seqs; ++i) {
-    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
-    int32_t *row = kivi_bt_row(c, seq_ids[i], layer);
-    for (int64_t b = L / R; b < L2 / R; ++b) row[b] = c->free_list[--c->n_free];
-    const size_t off = ((size_t)seq_ids[i] * NL + layer) * c->max_blocks + (size_t)(L / R);
-    if (L2 / R > L / R && kivi_dev_put(ctx, c->bt + off, row + L / R, (size_t)(L2 / R - L / R) * 4)) {
-      for (int j = 0; j <= i; ++j) { /* give the blocks back in reverse order */
-        const int64_t Lj = kivi_len(c, seq_ids[j], layer), L2j = Lj + n_new[j];
-        int32_t *rj = kivi_bt_row(c, seq_ids[j], layer);
-        for (int64_t b = Lj / R; b < L2j / R; ++b) rj[b] = -1;
-      }
-      c->n_free = n_free0;
-      return KIVI_ERR_DEVICE;
+  const int dev = ctx->device, dt = (int)dtype;
+  const int64_t nel64 = (int64_t)nel, nbt64 = (int64_t)n_bt;
+  int32_t *bt = c->bt;
+  /* 1: convert K and V to fp16, flagging any non-finite result (NaN, Inf, |x| >= 65520), and
+   * write the new block-table entries (beyond every length: harmless if the input is bad) */
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(kin, vin, kst, vst, flag, dbtu, bt)
+  for (int64_t i = 0; i < 2 * nel64 + nbt64; ++i) {
+    if (i >= 2 * nel64) {
+      bt[dbtu[2 * (i - 2 * nel64)]] = (int32_t)dbtu[2 * (i - 2 * nel64) + 1];
+      continue;
+    }
+    const int is_v = i >= nel64;
+    const int64_t j = is_v ? i - nel64 : i;
+    const void *src = is_v ? vin : kin;
+    uint16_t h;
+    if (dt == KIVI_F32) h = kivi_f32_to_f16(((const float *)src)[j]);
+    else if (dt == KIVI_BF16) h = kivi_f32_to_f16(kivi_bf16_to_f32(((const uint16_t *)src)[j]));
+    else h = ((const uint16_t *)src)[j];
+    (is_v ? vst : kst)[j] = h;
+    if (!kivi_f16_finite(h)) {
+#pragma omp atomic write
+      flag[0] = 1;
     }
   }
 
   const kivi_layout lay = c->lay;
   unsigned char *pool = c->pool;
   uint16_t *kres = c->kres, *vres = c->vres;
-  const int32_t *bt = c->bt;
   const int MB = c->max_blocks, kbits = lay.kb, vbits = lay.vb, kw = lay.kw, vw = lay.vw;
   const size_t sub = lay.sub_bytes, ksz_off = lay.ksz_off, vcode_off = lay.vcode_off, vsz_off = lay.vsz_off;
   const int n = n_seqs;
   const int kcpw = kbits == 16 ? 2 : 32 / kbits;
-  const int kwords = D / kcpw;       /* items per token group: one code word each */
+  const int kwords = D / kcpw;       /* K items per token group: one code word each */
   const int ngrp = R / G;
-  const size_t ring_lh = (size_t)R * D; /* one (seq, layer, head) ring */
-
-  /* 4: K blocks completed by this append.  Item = (block, head, token group, word). */
-  const int64_t n_kitems = n_kb * H * ngrp * kwords;
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, pool, kres, kst, bt)
-  for (int64_t it = 0; it < n_kitems; ++it) {
-    const int w = (int)(it % kwords);
-    const int g = (int)(it / kwords % ngrp);
-    const int h = (int)(it / ((int64_t)kwords * ngrp) % H);
-    const int64_t kbi = it / ((int64_t)kwords * ngrp * H);
-    const int i = kivi_find_seq(dd + (size_t)D_KBPRE * n, n, kbi);
-    const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i];
-    const int64_t blk_no = L / R + (kbi - dd[(size_t)D_KBPRE * n + i]);
-    const int32_t blk = bt[((size_t)s * NL + layer) * MB + blk_no];
-    unsigned char *sb = pool + ((size_t)blk * H + h) * sub;
-    uint32_t *codes = (uint32_t *)sb + (size_t)g * G * kw + w;
-    uint16_t *sc = (uint16_t *)(sb + ksz_off) + (size_t)g * 2 * D + w * kcpw;
-    const uint16_t *ring = kres + (((size_t)s * NL + layer) * H + h) * ring_lh;
-    const int64_t p0 = blk_no * R + (int64_t)g * G, st0 = dd[(size_t)D_STAGE * n + i];
-    switch (kbits) { /* constant bits: the per-channel arrays of the item stay in registers */
-    case 2: kivi_quant_k_item(codes, kw, sc, sc + D, 2, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-    case 4: kivi_quant_k_item(codes, kw, sc, sc + D, 4, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-    case 8: kivi_quant_k_item(codes, kw, sc, sc + D, 8, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-    default: kivi_quant_k_item(codes, kw, sc, sc + D, 16, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-    }
-  }
-
-  /* 5: values leaving the window.  Item = (token, head, channel group). */
   const int vgrp = D / G;
-  const int64_t n_vitems = n_vq * H * vgrp;
+  const size_t ring_lh = (size_t)R * D; /* one (seq, layer, head) ring */
   int32_t *vexp = c->vexp + (size_t)layer * H * 2;
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, pool, vres, vst, bt, vexp)
-  for (int64_t it = 0; it < n_vitems; ++it) {
-    const int cg = (int)(it % vgrp);
-    const int h = (int)(it / vgrp % H);
-    const int64_t vqi = it / ((int64_t)vgrp * H);
+
+  /* 2: the K blocks this append completes, item = (block, head, token group, word), and the
+   * values leaving the window, item = (token, head, channel group); nothing if flagged */
+  const int64_t n_kitems = n_kb * H * ngrp * kwords, n_vitems = n_vq * H * vgrp;
+#pragma omp target teams distribute parallel for device(dev) \
+    is_device_ptr(dd, pool, kres, vres, kst, vst, bt, vexp, flag)
+  for (int64_t it = 0; it < n_kitems + n_vitems; ++it) {
+    if (flag[0]) continue;
+    if (it < n_kitems) {
+      const int w = (int)(it % kwords);
+      const int g = (int)(it / kwords % ngrp);
+      const int h = (int)(it / ((int64_t)kwords * ngrp) % H);
+      const int64_t kbi = it / ((int64_t)kwords * ngrp * H);
+      const int i = kivi_find_seq(dd + (size_t)D_KBPRE * n, n, kbi);
+      const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i];
+      const int64_t blk_no = L / R + (kbi - dd[(size_t)D_KBPRE * n + i]);
+      const int32_t blk = bt[((size_t)s * NL + layer) * MB + blk_no];
+      unsigned char *sb = pool + ((size_t)blk * H + h) * sub;
+      uint32_t *codes = (uint32_t *)sb + (size_t)g * G * kw + w;
+      uint16_t *sc = (uint16_t *)(sb + ksz_off) + (size_t)g * 2 * D + w * kcpw;
+      const uint16_t *ring = kres + (((size_t)s * NL + layer) * H + h) * ring_lh;
+      const int64_t p0 = blk_no * R + (int64_t)g * G, st0 = dd[(size_t)D_STAGE * n + i];
+      switch (kbits) { /* constant bits: the per-channel arrays of the item stay in registers */
+      case 2: kivi_quant_k_item(codes, kw, sc, sc + D, 2, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+      case 4: kivi_quant_k_item(codes, kw, sc, sc + D, 4, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+      case 8: kivi_quant_k_item(codes, kw, sc, sc + D, 8, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+      default: kivi_quant_k_item(codes, kw, sc, sc + D, 16, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
+      }
+      continue;
+    }
+    const int64_t iv = it - n_kitems;
+    const int cg = (int)(iv % vgrp);
+    const int h = (int)(iv / vgrp % H);
+    const int64_t vqi = iv / ((int64_t)vgrp * H);
     const int i = kivi_find_seq(dd + (size_t)D_VQPRE * n, n, vqi);
     const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i];
     const int64_t p = dd[(size_t)D_VQBEG * n + i] + (vqi - dd[(size_t)D_VQPRE * n + i]);
@@ -360,11 +370,12 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
       }
   }
 
-  /* 6: new tokens that stay fp16.  Item = (sequence, ring slot, head); the newest position
-   * p < L' with p mod R == slot is the only candidate for each window. */
+  /* 3: new tokens that stay fp16 (after 2 has read the old ring slots).  Item = (sequence,
+   * ring slot, head); the newest position p < L' with p mod R == slot is the only candidate. */
   const int64_t n_ritems = (int64_t)n * R * H;
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, kres, vres, kst, vst)
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, kres, vres, kst, vst, flag)
   for (int64_t it = 0; it < n_ritems; ++it) {
+    if (flag[0]) continue;
     const int h = (int)(it % H);
     const int slot = (int)(it / H % R);
     const int i = (int)(it / ((int64_t)H * R));
@@ -380,6 +391,13 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
       for (int d = 0; d < D; ++d) vres[dst + d] = vst[src + d];
   }
 
+  /* 4: the one read-back: was the input finite?  If not, the kernels changed nothing but
+   * block-table entries past the lengths; give the blocks back. */
+  int64_t bad = 0;
+  if (kivi_dev_get(ctx, &bad, flag, sizeof bad) || bad) {
+    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+    return bad ? KIVI_ERR_NONFINITE : KIVI_ERR_DEVICE;
+  }
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
   return KIVI_OK;
 }
