@@ -122,9 +122,7 @@ static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, i
   p.split_len = len;
   p.nsplit = (maxT + len - 1) / len;
   p.nitems = base * p.nsplit;
-  p.nf = 0;
-  p.nslots = p.nsplit;
-  return p;
+  return p; /* nf, fs and nslots: plan_call */
 }
 
 /* Shared by decode and extend once the rows are described; q/k_new/v_new/out/lse are device

@@ -552,8 +552,12 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   }
   memset(im.blocks, 0, (size_t)(L / R + 1) * l->block_bytes);
   walk_export(c, L, &im, (unsigned char *)blob, 0);
-  /* exponent bounds of the V scales and zeros now in the cache */
-  int32_t vexp_new[2 * KIVI_MAX_KV_HEADS];
+  /* exponent bounds of the V scales and zeros now in the cache: [H][2] new, then [H][2] current */
+  int32_t *vexp_new = malloc((size_t)H * 4 * sizeof(int32_t)), *vexp_cur = vexp_new + 2 * H;
+  if (!vexp_new) {
+    images_free(&im);
+    return KIVI_ERR_NOMEM;
+  }
   const int64_t Lv = L > R ? L - R : 0;
   for (int h = 0; h < H; ++h) {
     vexp_new[2 * h] = vexp_new[2 * h + 1] = -14;
@@ -567,7 +571,6 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
         }
     }
   }
-  int32_t vexp_cur[2 * KIVI_MAX_KV_HEADS];
   const kivi_context *ctx = c->ctx;
   kivi_status st = KIVI_OK;
   if (kivi_dev_get(ctx, vexp_cur, c->vexp + (size_t)layer * H * 2, (size_t)H * 2 * 4)) st = KIVI_ERR_DEVICE;
@@ -595,6 +598,7 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
     err = kivi_dev_put(ctx, c->vexp + (size_t)layer * H * 2, vexp_cur, (size_t)H * 2 * 4);
   }
   images_free(&im);
+  free(vexp_new);
   if (err && !st) {
     /* a failed copy leaves this sequence empty rather than half-written */
     for (int64_t b = 0; b < nb; ++b) {
