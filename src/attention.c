@@ -278,6 +278,16 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
         const int tl = nth < vw ? 0 : tid / vw, w0 = nth < vw ? tid : tid % vw;
         const int jq = (int)(Lv - t0 <= 0 ? 0 : Lv - t0 < n ? Lv - t0 : n);
         const int jr = (int)(Lc - t0 <= 0 ? 0 : Lc - t0 < n ? Lc - t0 : n);
+#if !defined(__NVPTX__)
+        if (nth == 1) { /* host threads: one row of values at a time for all heads */
+          float o_host[KIVI_ATT_HC * 256];
+          kivi_vsum_host(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, vb, vres, ring, vnew, Lc, t0, n,
+                         jq, jr, s_p, spl, nh, o_host);
+          for (int hh = 0; hh < nh; ++hh)
+            for (int d = 0; d < D; ++d)
+              part_o[(((size_t)r * HQ + h0 + hh) * nslots + slot0 + sp) * D + d] = o_host[hh * D + d];
+        } else
+#endif
         for (int hh = 0; hh < nh; ++hh) {
           const float *p = s_p + hh * spl;
           if (tl < lanes)
@@ -292,14 +302,18 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
               }
               /* fp16 window and new tokens: the lane's tokens from jq on */
               const int ja = jq + ((tl - jq) % lanes + lanes) % lanes;
-              for (int j = ja; j < n; j += lanes) {
-                const int t = (int)t0 + j;
-                for (int k = 0; k < vcpw; ++k) {
-                  const int d = wi * vcpw + k;
-                  const float x = j < jr ? kivi_f16_to_f32(vres[ring + (size_t)(t % R) * D + d])
-                                         : vnew[(size_t)(t - Lc) * H * D + d];
-                  acc[k] += p[j] * x;
+              int j = ja;
+              if (j < jr) { /* the fp16 window: ring position advanced without dividing */
+                int tr = (int)((t0 + j) % R);
+                for (; j < jr; j += lanes) {
+                  const uint16_t *vr = vres + ring + (size_t)tr * D + wi * vcpw;
+                  for (int k = 0; k < vcpw; ++k) acc[k] += p[j] * kivi_f16_to_f32(vr[k]);
+                  for (tr += lanes; tr >= R; tr -= R) {}
                 }
+              }
+              for (; j < n; j += lanes) {
+                const float *vr = vnew + (size_t)(t0 + j - Lc) * H * D + wi * vcpw;
+                for (int k = 0; k < vcpw; ++k) acc[k] += p[j] * vr[k];
               }
               for (int k = 0; k < vcpw; ++k) s_o[tl * D + wi * vcpw + k] = acc[k] + z;
             }

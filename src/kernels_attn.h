@@ -22,6 +22,7 @@ static inline float kivi_code_f(uint32_t c) { return kivi_bits_f32(c | 0x4b00000
 /* Logits of one quantized key row (bits < 16) for nh heads:
  *   out[hh * ostride] = sum_d code_d * qs[hh * qstride + d] + bias[hh * bstride]
  * where qs = q * scale of the token's group (staged) and bias = sum_d q * zero. */
+#if defined(__NVPTX__)
 static inline void kivi_kdot_codes(const uint32_t *row, int D, const int bits, const float *qs, int qstride,
                                    const float *bias, int bstride, int nh, float *out, int ostride) {
   const int cpw = 32 / bits;
@@ -65,6 +66,94 @@ static inline void kivi_kdot_f32(const float *x, int D, const float *q, int nh, 
   for (int hh = 0; hh < nh; ++hh) out[hh * ostride] = acc[hh];
 }
 
+#else
+/* Host launcher (one thread per work item): each row is unpacked or converted once into fp32,
+ * then dotted with every head's query with 8 partial sums, a loop the compiler vectorizes. */
+static inline float kivi_dot8(const float *a, const float *b, int D) { /* D: multiple of 8 */
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int d = 0; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+static inline void kivi_kdot_codes(const uint32_t *row, int D, const int bits, const float *qs, int qstride,
+                                   const float *bias, int bstride, int nh, float *out, int ostride) {
+  const int cpw = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  float c[256];
+  for (int w = 0; w < D / cpw; ++w)
+    for (int j = 0; j < cpw; ++j) c[w * cpw + j] = kivi_code_f((row[w] >> (bits * j)) & mask);
+  for (int hh = 0; hh < nh; ++hh) out[hh * ostride] = kivi_dot8(c, qs + hh * qstride, D) + bias[hh * bstride];
+}
+
+static inline void kivi_kdot_f16(const uint16_t *x, int D, const float *q, int nh, float *out, int ostride) {
+  float c[256];
+  for (int d = 0; d < D; ++d) c[d] = kivi_f16_to_f32(x[d]);
+  for (int hh = 0; hh < nh; ++hh) out[hh * ostride] = kivi_dot8(c, q + hh * D, D);
+}
+
+static inline void kivi_kdot_f32(const float *x, int D, const float *q, int nh, float *out, int ostride) {
+  for (int hh = 0; hh < nh; ++hh) out[hh * ostride] = kivi_dot8(x, q + hh * D, D);
+}
+
+/* Host V phase of one item: o[hh][d] = sum_j p[hh][j] v_j[d] over the split's n tokens, each
+ * value row dequantized (j < jq), converted from the fp16 window (j < jr) or new (fp32) once for
+ * all heads; partial sums per chunk of 16 tokens keep the fp32 error of long splits small. */
+static inline void kivi_vsum_host(const unsigned char *pool, const int32_t *btrow, int H, int kvh, size_t sub,
+                                  size_t vcode_off, size_t vsz_off, int R, int D, int G, int vw, int vb,
+                                  const uint16_t *vres, size_t ring, const float *vnew, int64_t Lc, int64_t t0,
+                                  int n, int jq, int jr, const float *p, int spl, int nh, float *o) {
+  float v[256], part[KIVI_ATT_HC * 256];
+  const int cpw = vb == 16 ? 2 : 32 / vb;
+  const uint32_t mask = vb == 16 ? 0xffffu : (1u << vb) - 1u;
+  for (int i = 0; i < nh * D; ++i) o[i] = 0.0f;
+  int bi = 0, tr = 0;
+  if (n > 0) {
+    bi = (int)(t0 / R);
+    tr = (int)(t0 % R);
+  }
+  for (int jc = 0; jc < n; jc += 16) {
+    const int je = jc + 16 < n ? jc + 16 : n;
+    for (int i = 0; i < nh * D; ++i) part[i] = 0.0f;
+    for (int j = jc; j < je; ++j) {
+      if (j < jq) {
+        const unsigned char *sb = pool + ((size_t)btrow[bi] * H + kvh) * sub;
+        const uint32_t *row = (const uint32_t *)(sb + vcode_off) + (size_t)tr * vw;
+        if (vb == 16) {
+          for (int d = 0; d < D; ++d) v[d] = kivi_f16_to_f32((uint16_t)(row[d / 2] >> (16 * (d & 1))));
+        } else {
+          const uint16_t *sz = (const uint16_t *)(sb + vsz_off) + (size_t)tr * 2 * (D / G);
+          for (int w = 0; w < vw; ++w)
+            for (int k = 0; k < cpw; ++k) v[w * cpw + k] = kivi_code_f((row[w] >> (vb * k)) & mask);
+          for (int g = 0; g < D / G; ++g) {
+            const float sc = kivi_f16_to_f32(sz[2 * g]), ze = kivi_f16_to_f32(sz[2 * g + 1]);
+            for (int d = g * G; d < (g + 1) * G; ++d) v[d] = v[d] * sc + ze;
+          }
+        }
+      } else if (j < jr) {
+        const uint16_t *x = vres + ring + (size_t)((t0 + j) % R) * D;
+        for (int d = 0; d < D; ++d) v[d] = kivi_f16_to_f32(x[d]);
+      } else {
+        const float *x = vnew + (size_t)(t0 + j - Lc) * H * D;
+#pragma omp simd
+        for (int d = 0; d < D; ++d) v[d] = x[d];
+      }
+      for (int hh = 0; hh < nh; ++hh) {
+        const float pj = p[hh * spl + j];
+        float *pt = part + hh * D;
+#pragma omp simd
+        for (int d = 0; d < D; ++d) pt[d] += pj * v[d];
+      }
+      if (++tr == R) {
+        tr = 0;
+        ++bi;
+      }
+    }
+    for (int i = 0; i < nh * D; ++i) o[i] += part[i];
+  }
+}
+#endif
+
 /* Weighted sum over quantized value rows of one code word (channels wi*cpw ..): for the lane's
  * tokens j = j0, j0 + step, ... < j1 (position t0 + j):
  *   acc[k] += p_j * code_k * scale,  zacc += p_j * zero   (bits < 16)
@@ -76,15 +165,20 @@ static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btr
   const int cpw = bits == 16 ? 2 : 32 / bits;
   const uint32_t mask = bits == 16 ? 0xffffu : (1u << bits) - 1u;
   const int grp = wi * cpw / G;
+  /* the block and in-block position of the lane's token, advanced without dividing */
+  int bi = 0, tr = 0;
+  if (j0 < j1) {
+    const int t = (int)t0 + j0; /* positions fit in int: 32-bit division, once per call */
+    bi = t / R;
+    tr = t % R;
+  }
   /* two-level sums (chunks of 16 of the lane's tokens) keep the fp32 error of long splits small */
   for (int jc = j0; jc < j1; jc += 16 * step) {
     const int je = jc + 16 * step < j1 ? jc + 16 * step : j1;
     float a[16], z = 0.0f;
     for (int k = 0; k < cpw; ++k) a[k] = 0.0f;
     for (int j = jc; j < je; j += step) {
-      const int t = (int)t0 + j; /* positions fit in int: 32-bit division */
-      const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
-      const int tr = t % R;
+      const unsigned char *sb = pool + ((size_t)btrow[bi] * H + kvh) * sub;
       const uint32_t u = ((const uint32_t *)(sb + vcode_off))[(size_t)tr * vw + wi];
       const float pj = p[j];
       if (bits == 16) {
@@ -96,6 +190,7 @@ static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btr
         z += pj * kivi_f16_to_f32(sz[1]);
         for (int k = 0; k < cpw; ++k) a[k] += ps * kivi_code_f((u >> (bits * k)) & mask);
       }
+      for (tr += step; tr >= R; tr -= R) ++bi;
     }
     for (int k = 0; k < cpw; ++k) acc[k] += a[k];
     *zacc += z;

@@ -308,3 +308,27 @@ int gguf_get_float(const gguf_file *f, const char *key, double *out) {
   }
   return 0;
 }
+
+int gguf_get_str_array(const gguf_file *f, const char *key, gguf_str **out, uint64_t *n) {
+  const gguf_kv *kv = gguf_find_kv(f, key);
+  if (!kv || kv->type != GGUF_ARRAY || kv->arr_type != GGUF_STRING) return 0;
+  gguf_str *s = malloc((kv->arr_n ? (size_t)kv->arr_n : 1) * sizeof *s);
+  if (!s) return -1;
+  const uint8_t *p = kv->val + 12; /* u32 element type, u64 count */
+  for (uint64_t i = 0; i < kv->arr_n; ++i) {
+    s[i].n = rd(p, 8);
+    s[i].p = (const char *)p + 8;
+    p += 8 + s[i].n;
+  }
+  *out = s;
+  *n = kv->arr_n;
+  return 1;
+}
+
+int gguf_get_array(const gguf_file *f, const char *key, uint32_t elem_type, const void **data, uint64_t *n) {
+  const gguf_kv *kv = gguf_find_kv(f, key);
+  if (!kv || kv->type != GGUF_ARRAY || kv->arr_type != elem_type || !scalar_size(elem_type)) return 0;
+  *data = kv->val + 12;
+  *n = kv->arr_n;
+  return 1;
+}

@@ -63,6 +63,11 @@ const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name);
 /* Scalar metadata as integer / float (any integer / float type); 0 if absent or of another kind. */
 int gguf_get_int(const gguf_file *f, const char *key, int64_t *out);
 int gguf_get_float(const gguf_file *f, const char *key, double *out);
+/* Arrays (already validated by the parser): the elements of a string array, copied into a new
+ * array of views (free it with free()), or the raw little-endian elements of a scalar array of
+ * type elem_type.  0 if the key is absent or of another type, -1 if out of memory. */
+int gguf_get_str_array(const gguf_file *f, const char *key, gguf_str **out, uint64_t *n);
+int gguf_get_array(const gguf_file *f, const char *key, uint32_t elem_type, const void **data, uint64_t *n);
 /* Block size (elements) and bytes per block of a tensor type; 0 for an unknown type. */
 uint64_t ggml_block_elems(uint32_t type);
 uint64_t ggml_block_bytes(uint32_t type);

@@ -1,0 +1,670 @@
+/* kivi-run: a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default) running on a
+ * libkivi-omp KV cache, in C.
+ *
+ *   kivi-run generate [--prompt TEXT | --prompt-file F] [--max-tokens N] [--temperature T] ...
+ *   kivi-run ppl FILE [--ctx N] [--max-tokens N] ...
+ *   kivi-run passkey [--lengths 512,1024,...] [--trials N] ...
+ *
+ * Common options: --model PATH, --kv fp16|kivi2|kivi4, --k-bits/--v-bits/--group/--residual,
+ * --fake-quant [--k-axis channel|token] [--v-axis token|channel], --chunk N, --device
+ * default|host|N, --json FILE, --quiet.  `kivi-run --help` lists them all. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <kivi.h>
+
+#include "gguf.h"
+#include "model.h"
+#include "tokenizer.h"
+
+typedef struct options {
+  const char *cmd, *model, *json, *prompt, *prompt_file, *text_file, *kv, *lengths, *system;
+  int k_bits, v_bits, group, residual, chunk, device, quiet, raw;
+  int fake, k_per_token, v_per_channel;
+  int max_tokens, ctx, trials;
+  double temperature;
+  unsigned long long seed;
+} options;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(FILE *f) {
+  fputs("usage: kivi-run generate|ppl|passkey [options]\n"
+        "  generate   stream a reply to --prompt TEXT or --prompt-file F (chat template; --raw: none)\n"
+        "             --max-tokens N (128) --temperature T (0 = greedy) --seed S --system TEXT\n"
+        "  ppl FILE   perplexity of a text file: non-overlapping windows of --ctx N tokens (1024)\n"
+        "             over its first --max-tokens N tokens (all); --chunk tokens per forward step\n"
+        "  passkey    find a 5-digit key hidden in filler text of --lengths 512,1024,2048,4096\n"
+        "             tokens, --trials N key positions per length (5)\n"
+        "common:\n"
+        "  --model PATH       GGUF model ($KIVI_MODEL, else ~/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+        "  --kv fp16|kivi2|kivi4   cache setting (kivi2: 2-bit K and V, G=32, R=128)\n"
+        "  --k-bits B --v-bits B --group G --residual R   override the setting (bits 2,4,8,16)\n"
+        "  --fake-quant       quantize every K/V vector before use, no fp16 window (paper baseline);\n"
+        "                     --k-axis channel|token (channel) --v-axis token|channel (token)\n"
+        "  --chunk N          tokens per forward step for prompts and ppl (32; a divisor of R keeps\n"
+        "                     the quantized cache exactly as token-by-token decoding would see it)\n"
+        "  --device default|host|N   where the cache and attention run (default: the GPU if any)\n"
+        "  --json FILE        write the results as JSON\n"
+        "  --quiet            no progress on stderr\n",
+        f);
+}
+
+static int parse_int(const char *s, int *out) {
+  char *end;
+  errno = 0;
+  const long v = strtol(s, &end, 10);
+  if (errno || *end || end == s || v < -1000000000L || v > 1000000000L) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+  memset(o, 0, sizeof *o);
+  o->kv = "kivi2";
+  o->k_bits = o->v_bits = o->group = o->residual = -1;
+  o->chunk = 32;
+  o->device = KIVI_DEVICE_DEFAULT;
+  o->max_tokens = -1;
+  o->ctx = 1024;
+  o->trials = 5;
+  o->lengths = "512,1024,2048,4096";
+  o->seed = 1234;
+  if (argc < 2) return -1;
+  o->cmd = argv[1];
+  if (!strcmp(o->cmd, "--help") || !strcmp(o->cmd, "-h")) return 1;
+  if (strcmp(o->cmd, "generate") && strcmp(o->cmd, "ppl") && strcmp(o->cmd, "passkey")) {
+    fprintf(stderr, "kivi-run: unknown command '%s'\n", o->cmd);
+    return -1;
+  }
+  for (int i = 2; i < argc; ++i) {
+    const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+    int *iv = NULL;
+    const char **sv = NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+    if (!strcmp(a, "--fake-quant")) { o->fake = 1; continue; }
+    if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
+    if (!strcmp(a, "--raw")) { o->raw = 1; continue; }
+    if (!strcmp(a, "--model")) sv = &o->model;
+    else if (!strcmp(a, "--json")) sv = &o->json;
+    else if (!strcmp(a, "--prompt")) sv = &o->prompt;
+    else if (!strcmp(a, "--prompt-file")) sv = &o->prompt_file;
+    else if (!strcmp(a, "--system")) sv = &o->system;
+    else if (!strcmp(a, "--kv")) sv = &o->kv;
+    else if (!strcmp(a, "--lengths")) sv = &o->lengths;
+    else if (!strcmp(a, "--k-bits")) iv = &o->k_bits;
+    else if (!strcmp(a, "--v-bits")) iv = &o->v_bits;
+    else if (!strcmp(a, "--group")) iv = &o->group;
+    else if (!strcmp(a, "--residual")) iv = &o->residual;
+    else if (!strcmp(a, "--chunk")) iv = &o->chunk;
+    else if (!strcmp(a, "--max-tokens")) iv = &o->max_tokens;
+    else if (!strcmp(a, "--ctx")) iv = &o->ctx;
+    else if (!strcmp(a, "--trials")) iv = &o->trials;
+    else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") ||
+             !strcmp(a, "--temperature") || !strcmp(a, "--seed")) {
+      if (!val) goto missing;
+      ++i;
+      if (!strcmp(a, "--k-axis")) {
+        if (strcmp(val, "channel") && strcmp(val, "token")) goto bad;
+        o->k_per_token = !strcmp(val, "token");
+      } else if (!strcmp(a, "--v-axis")) {
+        if (strcmp(val, "channel") && strcmp(val, "token")) goto bad;
+        o->v_per_channel = !strcmp(val, "channel");
+      } else if (!strcmp(a, "--device")) {
+        if (!strcmp(val, "default")) o->device = KIVI_DEVICE_DEFAULT;
+        else if (!strcmp(val, "host")) o->device = KIVI_DEVICE_HOST;
+        else if (parse_int(val, &o->device) || o->device < 0) goto bad;
+      } else if (!strcmp(a, "--temperature")) {
+        char *end;
+        o->temperature = strtod(val, &end);
+        if (*end || !(o->temperature >= 0 && o->temperature <= 100)) goto bad;
+      } else {
+        char *end;
+        o->seed = strtoull(val, &end, 10);
+        if (*end) goto bad;
+      }
+      continue;
+    } else if (a[0] != '-' && !strcmp(o->cmd, "ppl") && !o->text_file) {
+      o->text_file = a;
+      continue;
+    } else {
+      fprintf(stderr, "kivi-run: unknown option '%s'\n", a);
+      return -1;
+    }
+    if (!val) goto missing;
+    ++i;
+    if (sv) *sv = val;
+    else if (parse_int(val, iv)) goto bad;
+    continue;
+  missing:
+    fprintf(stderr, "kivi-run: %s needs a value\n", a);
+    return -1;
+  bad:
+    fprintf(stderr, "kivi-run: bad value '%s' for %s\n", val, a);
+    return -1;
+  }
+  if (o->chunk < 1 || o->chunk > 8192 || o->ctx < 2 || o->trials < 1) {
+    fprintf(stderr, "kivi-run: --chunk must be 1..8192, --ctx >= 2, --trials >= 1\n");
+    return -1;
+  }
+  if (!strcmp(o->cmd, "ppl") && !o->text_file) {
+    fprintf(stderr, "kivi-run ppl: give the text file\n");
+    return -1;
+  }
+  return 0;
+}
+
+/* The cache setting: --kv, then the overrides. */
+static int cache_setting(const options *o, kivi_cache_config *cfg, char *name, size_t nlen) {
+  int kb = 2, vb = 2;
+  if (!strcmp(o->kv, "fp16")) kb = vb = 16;
+  else if (!strcmp(o->kv, "kivi4")) kb = vb = 4;
+  else if (strcmp(o->kv, "kivi2")) {
+    fprintf(stderr, "kivi-run: --kv must be fp16, kivi2 or kivi4\n");
+    return -1;
+  }
+  if (o->k_bits > 0) kb = o->k_bits;
+  if (o->v_bits > 0) vb = o->v_bits;
+  if (o->group > 0) cfg->group = o->group;
+  if (o->residual > 0) cfg->residual = o->residual;
+  cfg->k_bits = kb;
+  cfg->v_bits = vb;
+  if (o->fake) {
+    snprintf(name, nlen, "fake-quant K%d(%s) V%d(%s) G%d", kb, o->k_per_token ? "token" : "channel", vb,
+             o->v_per_channel ? "channel" : "token", cfg->group);
+    cfg->k_bits = cfg->v_bits = 16; /* the cache stores the fake-quantized values in fp16 */
+  } else if (kb == 16 && vb == 16) {
+    snprintf(name, nlen, "fp16");
+  } else {
+    snprintf(name, nlen, "kivi K%d V%d G%d R%d", kb, vb, cfg->group, cfg->residual);
+  }
+  return 0;
+}
+
+typedef struct runner {
+  options o;
+  gguf_file file;
+  llm_model model;
+  llm_tokenizer *tok;
+  kivi_context *ctx;
+  kivi_cache *cache;
+  kivi_cache_config cfg;
+  llm_session sess;
+  char setting[96];
+  int kbits, vbits; /* requested (fake-quant: simulated) */
+  FILE *json;
+} runner;
+
+static int runner_open(runner *r, int max_len) {
+  char err[512];
+  const char *path = r->o.model ? r->o.model : getenv("KIVI_MODEL");
+  char def[1024];
+  if (!path) {
+    const char *home = getenv("HOME");
+    snprintf(def, sizeof def, "%s/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
+    path = def;
+  }
+  if (gguf_open(path, &r->file, err, sizeof err)) {
+    fprintf(stderr, "kivi-run: %s: %s\n(fetch the model with: sh scripts/fetch-model.sh)\n", path, err);
+    return -1;
+  }
+  if (llm_model_load(&r->file, &r->model, err, sizeof err) || llm_tokenizer_load(&r->file, &r->tok, err, sizeof err)) {
+    fprintf(stderr, "kivi-run: %s: %s\n", path, err);
+    return -1;
+  }
+  const llm_model *m = &r->model;
+  if (max_len > m->ctx_train) {
+    fprintf(stderr, "kivi-run: %d tokens exceed the model's context of %d\n", max_len, m->ctx_train);
+    return -1;
+  }
+  kivi_status st = kivi_context_create(&r->ctx, r->o.device);
+  if (st) {
+    fprintf(stderr, "kivi-run: device: %s\n", kivi_status_string(st));
+    return -1;
+  }
+  kivi_cache_config_init(&r->cfg, m->n_layers, m->n_kv_heads, m->head_dim, 1, max_len);
+  if (cache_setting(&r->o, &r->cfg, r->setting, sizeof r->setting)) return -1;
+  r->kbits = r->o.k_bits > 0 ? r->o.k_bits : !strcmp(r->o.kv, "fp16") ? 16 : !strcmp(r->o.kv, "kivi4") ? 4 : 2;
+  r->vbits = r->o.v_bits > 0 ? r->o.v_bits : !strcmp(r->o.kv, "fp16") ? 16 : !strcmp(r->o.kv, "kivi4") ? 4 : 2;
+  if ((st = kivi_cache_create(r->ctx, &r->cfg, &r->cache))) {
+    fprintf(stderr, "kivi-run: cache (%s): %s\n", r->setting, kivi_status_string(st));
+    return -1;
+  }
+  llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel};
+  if (r->o.fake && (r->kbits > 8 || r->vbits > 8 || r->kbits < 1 || r->vbits < 1)) {
+    fprintf(stderr, "kivi-run: --fake-quant needs K/V bits of 1..8\n");
+    return -1;
+  }
+  if (llm_session_init(&r->sess, m, r->cache, 0, r->o.chunk, &fq)) {
+    fprintf(stderr, "kivi-run: out of memory\n");
+    return -1;
+  }
+  kivi_context_info info;
+  (void)kivi_context_get_info(r->ctx, &info);
+  if (!r->o.quiet)
+    fprintf(stderr, "kivi-run: %s: %d layers, %d heads / %d kv-heads x %d, vocab %d; weights %.0f MB fp32; "
+                    "cache %s on %s\n",
+            path, m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->n_vocab, m->weight_bytes / 1e6, r->setting,
+            info.on_gpu ? "the GPU" : "host threads");
+  if (r->o.json) {
+    r->json = fopen(r->o.json, "w");
+    if (!r->json) {
+      fprintf(stderr, "kivi-run: cannot write %s\n", r->o.json);
+      return -1;
+    }
+    fprintf(r->json, "{\n  \"command\": \"%s\",\n  \"model\": \"%s\",\n  \"setting\": \"%s\",\n", r->o.cmd, path,
+            r->setting);
+    fprintf(r->json, "  \"k_bits\": %d, \"v_bits\": %d, \"group\": %d, \"residual\": %d, \"fake_quant\": %s,\n",
+            r->kbits, r->vbits, r->cfg.group, r->o.fake ? 0 : r->cfg.residual, r->o.fake ? "true" : "false");
+    if (r->o.fake)
+      fprintf(r->json, "  \"k_axis\": \"%s\", \"v_axis\": \"%s\",\n", r->o.k_per_token ? "token" : "channel",
+              r->o.v_per_channel ? "channel" : "token");
+    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"library\": \"%s\",\n", r->o.chunk,
+            info.on_gpu ? "true" : "false", kivi_version_string());
+  }
+  return 0;
+}
+
+static void runner_close(runner *r) {
+  if (r->json) fclose(r->json);
+  llm_session_free(&r->sess);
+  kivi_cache_destroy(r->cache);
+  kivi_context_destroy(r->ctx);
+  llm_tokenizer_free(r->tok);
+  llm_model_free(&r->model);
+  gguf_close(&r->file);
+}
+
+/* Runs a prompt in chunks; logits of the last token into `last`. */
+static kivi_status prefill(runner *r, const int *ids, int n, float *last) {
+  for (int i = 0; i < n; i += r->o.chunk) {
+    const int c = n - i < r->o.chunk ? n - i : r->o.chunk;
+    kivi_status st = llm_forward(&r->sess, ids + i, c, i + c == n ? last : NULL, 0);
+    if (st) return st;
+  }
+  return KIVI_OK;
+}
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static int pick_token(const float *logits, int n, double temperature, uint64_t *rng) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  if (temperature <= 0) return best;
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += exp((logits[i] - logits[best]) / temperature);
+  double u = (double)(rng_next(rng) >> 11) * 0x1.0p-53 * sum;
+  for (int i = 0; i < n; ++i) {
+    u -= exp((logits[i] - logits[best]) / temperature);
+    if (u <= 0) return i;
+  }
+  return best;
+}
+
+static void json_string(FILE *f, const char *s, size_t n) {
+  fputc('"', f);
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c == '\n') fputs("\\n", f);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static char *read_file(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap + 1);
+  for (size_t got; buf && (got = fread(buf + len, 1, cap - len, f)) > 0;) {
+    len += got;
+    if (len == cap) {
+      char *p = realloc(buf, 2 * cap + 1);
+      if (!p) { free(buf); buf = NULL; break; }
+      buf = p;
+      cap *= 2;
+    }
+  }
+  fclose(f);
+  if (buf) buf[len] = 0;
+  *n = len;
+  return buf;
+}
+
+static void print_memory(runner *r, FILE *out) {
+  kivi_cache_stats st;
+  if (kivi_cache_get_stats(r->cache, &st) || !st.tokens) return;
+  fprintf(out, "KV cache: %lld tokens x %d layers in %.2f MB (%s) vs %.2f MB as fp16: %.2fx smaller, %.2f bits/element\n",
+          (long long)(st.tokens / r->model.n_layers), r->model.n_layers, st.total_bytes / 1e6, r->setting,
+          st.fp16_bytes / 1e6, (double)st.fp16_bytes / (double)st.total_bytes, st.bits_per_element);
+  if (r->json)
+    fprintf(r->json, "  \"cache_tokens\": %lld, \"cache_bytes\": %zu, \"fp16_bytes\": %zu, \"bits_per_element\": %.4f,\n",
+            (long long)st.tokens, st.total_bytes, st.fp16_bytes, st.bits_per_element);
+}
+
+/* ---- generate --------------------------------------------------------------------------- */
+static int cmd_generate(options *o) {
+  size_t plen = 0;
+  char *ptext = NULL;
+  if (o->prompt_file) {
+    if (!(ptext = read_file(o->prompt_file, &plen))) {
+      fprintf(stderr, "kivi-run: cannot read %s\n", o->prompt_file);
+      return 1;
+    }
+  } else {
+    ptext = strdup(o->prompt ? o->prompt : "What is the capital of France? Answer in one sentence.");
+    plen = strlen(ptext);
+  }
+  const int max_new = o->max_tokens < 0 ? 128 : o->max_tokens;
+  runner r = {.o = *o};
+  int rc = 1, *ids = NULL;
+  size_t n = 0, cap = 0;
+  /* the cache must hold the prompt and the reply: tokenize first with a throwaway tokenizer pass */
+  {
+    gguf_file f;
+    char err[512];
+    llm_tokenizer *tok = NULL;
+    const char *path = o->model ? o->model : getenv("KIVI_MODEL");
+    char def[1024];
+    if (!path) {
+      const char *home = getenv("HOME");
+      snprintf(def, sizeof def, "%s/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
+      path = def;
+    }
+    if (gguf_open(path, &f, err, sizeof err) || llm_tokenizer_load(&f, &tok, err, sizeof err)) {
+      fprintf(stderr, "kivi-run: %s: %s\n(fetch the model with: sh scripts/fetch-model.sh)\n", path, err);
+      free(ptext);
+      return 1;
+    }
+    const int ok = o->raw ? llm_tokenize(tok, ptext, plen, 0, &ids, &n, &cap)
+                          : llm_chat_prompt(tok, o->system, ptext, &ids, &n, &cap);
+    llm_tokenizer_free(tok);
+    gguf_close(&f);
+    if (ok) {
+      free(ptext);
+      return 1;
+    }
+  }
+  if (n == 0) {
+    fprintf(stderr, "kivi-run: empty prompt\n");
+    goto out;
+  }
+  if (runner_open(&r, (int)n + max_new)) goto out;
+  const int V = r.model.n_vocab, eos = llm_tokenizer_eos(r.tok);
+  float *logits = malloc((size_t)V * sizeof *logits);
+  char *text = malloc(64 * (size_t)max_new + 64);
+  size_t tlen = 0;
+  if (!logits || !text) goto out_free;
+  uint64_t rng = o->seed;
+  const double t0 = now_s();
+  kivi_status st = prefill(&r, ids, (int)n, logits);
+  const double t1 = now_s();
+  int produced = 0;
+  for (; !st && produced < max_new; ++produced) {
+    const int next = pick_token(logits, V, o->temperature, &rng);
+    if (next == eos) break;
+    char piece[256];
+    const size_t pl = llm_token_bytes(r.tok, next, piece, sizeof piece);
+    fwrite(piece, 1, pl, stdout);
+    fflush(stdout);
+    if (tlen + pl < 64 * (size_t)max_new + 64) {
+      memcpy(text + tlen, piece, pl);
+      tlen += pl;
+    }
+    if (produced + 1 < max_new) st = llm_forward(&r.sess, &next, 1, logits, 0);
+  }
+  const double t2 = now_s();
+  printf("\n");
+  if (st) {
+    fprintf(stderr, "kivi-run: %s\n", kivi_status_string(st));
+    goto out_free;
+  }
+  const double pre_tps = n / (t1 - t0), gen_tps = produced > 1 ? (produced - 1) / (t2 - t1) : 0;
+  fprintf(stderr, "prompt: %zu tokens at %.1f tokens/s; generated %d tokens at %.1f tokens/s\n", n, pre_tps,
+          produced, gen_tps);
+  print_memory(&r, stderr);
+  if (r.json) {
+    fprintf(r.json, "  \"prompt_tokens\": %zu, \"generated_tokens\": %d,\n", n, produced);
+    fprintf(r.json, "  \"prompt_tokens_per_s\": %.3f, \"generate_tokens_per_s\": %.3f,\n  \"text\": ", pre_tps, gen_tps);
+    json_string(r.json, text, tlen);
+    fprintf(r.json, "\n}\n");
+  }
+  rc = 0;
+out_free:
+  free(logits);
+  free(text);
+out:
+  runner_close(&r);
+  free(ids);
+  free(ptext);
+  return rc;
+}
+
+/* ---- ppl -------------------------------------------------------------------------------- */
+static int cmd_ppl(options *o) {
+  runner r = {.o = *o};
+  int rc = 1, *ids = NULL;
+  size_t n = 0, cap = 0, tlen = 0;
+  char *text = read_file(o->text_file, &tlen);
+  float *logits = NULL;
+  if (!text) {
+    fprintf(stderr, "kivi-run: cannot read %s\n", o->text_file);
+    return 1;
+  }
+  if (runner_open(&r, o->ctx)) goto out;
+  if (llm_tokenize(r.tok, text, tlen, 0, &ids, &n, &cap)) goto out;
+  const size_t total = o->max_tokens > 0 && (size_t)o->max_tokens < n ? (size_t)o->max_tokens : n;
+  const int windows = (int)(total / (size_t)o->ctx);
+  if (windows < 1) {
+    fprintf(stderr, "kivi-run: %s has %zu tokens, fewer than one window of %d\n", o->text_file, n, o->ctx);
+    goto out;
+  }
+  const int V = r.model.n_vocab;
+  logits = malloc((size_t)o->chunk * V * sizeof *logits);
+  if (!logits) goto out;
+  double nll = 0;
+  long long scored = 0;
+  const double t0 = now_s();
+  for (int w = 0; w < windows; ++w) {
+    const int *wid = ids + (size_t)w * o->ctx;
+    kivi_status st = llm_session_reset(&r.sess);
+    for (int i = 0; !st && i < o->ctx; i += o->chunk) {
+      const int c = o->ctx - i < o->chunk ? o->ctx - i : o->chunk;
+      if ((st = llm_forward(&r.sess, wid + i, c, logits, 1))) break;
+      for (int t = 0; t < c && i + t + 1 < o->ctx; ++t) { /* predict token i+t+1 */
+        const float *lg = logits + (size_t)t * V;
+        float mx = lg[0];
+        for (int j = 1; j < V; ++j) mx = lg[j] > mx ? lg[j] : mx;
+        double se = 0;
+        for (int j = 0; j < V; ++j) se += exp((double)lg[j] - mx);
+        nll += log(se) + mx - lg[wid[i + t + 1]];
+        ++scored;
+      }
+      if (!o->quiet)
+        fprintf(stderr, "\rppl %s ctx %d: window %d/%d, %lld tokens scored, ppl %.4f   ", r.setting, o->ctx, w + 1,
+                windows, scored, exp(nll / (double)scored));
+    }
+    if (st) {
+      fprintf(stderr, "\nkivi-run: %s\n", kivi_status_string(st));
+      goto out;
+    }
+  }
+  const double dt = now_s() - t0, ppl = exp(nll / (double)scored);
+  if (!o->quiet) fprintf(stderr, "\n");
+  printf("%s: ppl %.4f at ctx %d (%d windows, %lld predictions, %zu tokens in %s) in %.1f s\n", r.setting, ppl, o->ctx,
+         windows, scored, n, o->text_file, dt);
+  if (r.json) {
+    fprintf(r.json, "  \"text_file\": \"%s\", \"text_tokens\": %zu, \"ctx\": %d, \"windows\": %d, \"predictions\": %lld,\n",
+            o->text_file, n, o->ctx, windows, scored);
+    fprintf(r.json, "  \"seconds\": %.3f,\n  \"ppl\": %.6f\n}\n", dt, ppl);
+  }
+  rc = 0;
+out:
+  runner_close(&r);
+  free(logits);
+  free(ids);
+  free(text);
+  return rc;
+}
+
+/* ---- passkey ---------------------------------------------------------------------------- */
+static int append_text(const llm_tokenizer *tok, const char *s, int **ids, size_t *n, size_t *cap) {
+  return llm_tokenize(tok, s, strlen(s), 0, ids, n, cap);
+}
+
+/* The prompt of the passkey test (Mohtashami & Jaggi's, as in KIVI's example): an instruction,
+ * filler sentences, the key sentence at `depth` (0..1) of the filler, the question. */
+static int passkey_prompt(const llm_tokenizer *tok, int length, double depth, int key, int **ids, size_t *n,
+                          size_t *cap) {
+  static const char *intro = "There is an important info hidden inside a lot of irrelevant text. Find it and "
+                             "memorize them. I will quiz you about the important information there.";
+  static const char *filler = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+  static const char *question = " What is the pass key? The pass key is";
+  char keytext[128];
+  snprintf(keytext, sizeof keytext, " The pass key is %05d. Remember it. %05d is the pass key.", key, key);
+  int *tmp = NULL;
+  size_t nf = 0, cf = 0, nk = 0, nq = 0, ni = 0;
+  int rc = -1;
+  if (append_text(tok, filler, &tmp, &nf, &cf)) goto done;
+  ni = nf;
+  if (append_text(tok, intro, &tmp, &ni, &cf)) goto done;
+  nk = ni;
+  if (append_text(tok, keytext, &tmp, &nk, &cf)) goto done;
+  nq = nk;
+  if (append_text(tok, question, &tmp, &nq, &cf)) goto done;
+  /* tmp: [filler | intro | key | question] */
+  const size_t lf = nf, li = ni - nf, lk = nk - ni, lq = nq - nk;
+  const long reps = ((long)length - (long)(li + lk + lq)) / (long)lf;
+  if (reps < 1) goto done;
+  const long before = (long)floor(depth * (double)reps + 0.5);
+  *n = 0;
+#define PUT(off, len)                                                                                 \
+  for (size_t j_ = 0; j_ < (len); ++j_) {                                                            \
+    if (*n == *cap) {                                                                                \
+      size_t nc_ = *cap ? 2 * *cap : 1024;                                                           \
+      int *p_ = realloc(*ids, nc_ * sizeof *p_);                                                     \
+      if (!p_) goto done;                                                                            \
+      *ids = p_;                                                                                     \
+      *cap = nc_;                                                                                    \
+      --j_;                                                                                          \
+    } else                                                                                           \
+      (*ids)[(*n)++] = tmp[(off) + j_];                                                              \
+  }
+  PUT(nf, li);
+  for (long i = 0; i < reps; ++i) {
+    if (i == before) { PUT(ni, lk); }
+    PUT(0, lf);
+  }
+  if (before >= reps) { PUT(ni, lk); }
+  PUT(nk, lq);
+#undef PUT
+  rc = 0;
+done:
+  free(tmp);
+  return rc;
+}
+
+static int cmd_passkey(options *o) {
+  int lengths[32], nl = 0, maxlen = 0;
+  for (const char *p = o->lengths; *p && nl < 32;) {
+    char *end;
+    const long v = strtol(p, &end, 10);
+    if (end == p || v < 64 || v > 1 << 20) {
+      fprintf(stderr, "kivi-run: bad --lengths '%s'\n", o->lengths);
+      return 1;
+    }
+    lengths[nl++] = (int)v;
+    maxlen = (int)v > maxlen ? (int)v : maxlen;
+    p = *end == ',' ? end + 1 : end;
+  }
+  enum { ANSWER_TOKENS = 8 };
+  runner r = {.o = *o};
+  int rc = 1, *ids = NULL;
+  size_t n = 0, cap = 0;
+  float *logits = NULL;
+  if (runner_open(&r, maxlen + ANSWER_TOKENS + 8)) goto out;
+  const int V = r.model.n_vocab;
+  logits = malloc((size_t)V * sizeof *logits);
+  if (!logits) goto out;
+  uint64_t rng = o->seed;
+  if (r.json) fprintf(r.json, "  \"results\": [");
+  printf("%-40s %8s %8s %s\n", "setting", "tokens", "found", "answers");
+  for (int li = 0; li < nl; ++li) {
+    int found = 0;
+    char answers[32][80];
+    for (int t = 0; t < o->trials; ++t) {
+      const int key = 10000 + (int)(rng_next(&rng) % 90000);
+      const double depth = (t + 0.5) / o->trials;
+      if (passkey_prompt(r.tok, lengths[li], depth, key, &ids, &n, &cap)) {
+        fprintf(stderr, "kivi-run: --lengths %d is too short for the passkey prompt\n", lengths[li]);
+        goto out;
+      }
+      kivi_status st = llm_session_reset(&r.sess);
+      if (!st) st = prefill(&r, ids, (int)n, logits);
+      char ans[64];
+      size_t al = 0;
+      for (int g = 0; !st && g < ANSWER_TOKENS; ++g) {
+        const int next = pick_token(logits, V, 0, NULL);
+        char piece[64];
+        const size_t pl = llm_token_bytes(r.tok, next, piece, sizeof piece);
+        for (size_t j = 0; j < pl && al + 1 < sizeof ans; ++j) ans[al++] = piece[j] == '\n' ? ' ' : piece[j];
+        if (g + 1 < ANSWER_TOKENS) st = llm_forward(&r.sess, &next, 1, logits, 0);
+      }
+      if (st) {
+        fprintf(stderr, "kivi-run: %s\n", kivi_status_string(st));
+        goto out;
+      }
+      ans[al] = 0;
+      char keytext[8];
+      snprintf(keytext, sizeof keytext, "%05d", key);
+      const int ok = strstr(ans, keytext) != NULL;
+      found += ok;
+      if (t < 32) snprintf(answers[t], sizeof answers[t], "%s%s", ok ? "" : "x", ans);
+      if (!o->quiet) fprintf(stderr, "\rpasskey %d tokens: trial %d/%d, %d found   ", (int)n, t + 1, o->trials, found);
+    }
+    if (!o->quiet) fprintf(stderr, "\n");
+    printf("%-40s %8d %5d/%-2d", r.setting, (int)n, found, o->trials);
+    for (int t = 0; t < o->trials && t < 3; ++t) printf(" [%s]", answers[t]);
+    printf("\n");
+    if (r.json)
+      fprintf(r.json, "%s\n    {\"length\": %d, \"tokens\": %d, \"trials\": %d, \"found\": %d}", li ? "," : "",
+              lengths[li], (int)n, o->trials, found);
+  }
+  if (r.json) fprintf(r.json, "\n  ],\n");
+  print_memory(&r, stdout);
+  if (r.json) fprintf(r.json, "  \"answer_tokens\": %d\n}\n", ANSWER_TOKENS);
+  rc = 0;
+out:
+  runner_close(&r);
+  free(logits);
+  free(ids);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  options o;
+  const int p = parse_args(argc, argv, &o);
+  if (p) {
+    usage(p > 0 ? stdout : stderr);
+    return p > 0 ? 0 : 2;
+  }
+  if (!strcmp(o.cmd, "generate")) return cmd_generate(&o);
+  if (!strcmp(o.cmd, "ppl")) return cmd_ppl(&o);
+  return cmd_passkey(&o);
+}

@@ -1,0 +1,425 @@
+/* Llama forward pass over a libkivi-omp cache: see model.h. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- dequantization (ggml block formats) ------------------------------------------------ */
+static float f16_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023;
+  float v;
+  if (exp == 0) v = ldexpf((float)man, -24);                  /* zero and subnormals */
+  else if (exp == 31) v = man ? NAN : INFINITY;
+  else v = ldexpf((float)(man | 1024), (int)exp - 25);
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  u |= sign;
+  memcpy(&v, &u, 4);
+  return v;
+}
+
+static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+int llm_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
+  const uint8_t *p = src;
+  switch (type) {
+  case GGML_F32: memcpy(dst, src, n * 4); return 0;
+  case GGML_F16:
+    for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(le16(p + 2 * i));
+    return 0;
+  case GGML_BF16:
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t u = (uint32_t)le16(p + 2 * i) << 16;
+      memcpy(&dst[i], &u, 4);
+    }
+    return 0;
+  default: break;
+  }
+  if (n % 32) return -1;
+  for (size_t b = 0; b < n / 32; ++b) {
+    float *y = dst + 32 * b;
+    switch (type) {
+    case GGML_Q4_0: { /* fp16 d, 16 bytes: low nibbles are elements 0..15, high 16..31; (q - 8) d */
+      const uint8_t *q = p + 18 * b;
+      const float d = f16_to_f32(le16(q));
+      for (int j = 0; j < 16; ++j) {
+        y[j] = ((q[2 + j] & 15) - 8) * d;
+        y[j + 16] = ((q[2 + j] >> 4) - 8) * d;
+      }
+      break;
+    }
+    case GGML_Q4_1: { /* fp16 d, fp16 m, 16 bytes; q d + m */
+      const uint8_t *q = p + 20 * b;
+      const float d = f16_to_f32(le16(q)), m = f16_to_f32(le16(q + 2));
+      for (int j = 0; j < 16; ++j) {
+        y[j] = (q[4 + j] & 15) * d + m;
+        y[j + 16] = (q[4 + j] >> 4) * d + m;
+      }
+      break;
+    }
+    case GGML_Q5_0:   /* fp16 d, u32 high bits, 16 bytes; (q - 16) d */
+    case GGML_Q5_1: { /* fp16 d, fp16 m, u32 high bits, 16 bytes; q d + m */
+      const int has_m = type == GGML_Q5_1;
+      const uint8_t *q = p + (has_m ? 24 : 22) * b;
+      const float d = f16_to_f32(le16(q)), m = has_m ? f16_to_f32(le16(q + 2)) : 0.0f;
+      const uint8_t *hb = q + (has_m ? 4 : 2), *qs = hb + 4;
+      const uint32_t qh = (uint32_t)hb[0] | (uint32_t)hb[1] << 8 | (uint32_t)hb[2] << 16 | (uint32_t)hb[3] << 24;
+      for (int j = 0; j < 16; ++j) {
+        const int x0 = (qs[j] & 15) | (int)((qh >> j) & 1) << 4;
+        const int x1 = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+        y[j] = has_m ? x0 * d + m : (x0 - 16) * d;
+        y[j + 16] = has_m ? x1 * d + m : (x1 - 16) * d;
+      }
+      break;
+    }
+    case GGML_Q8_0: { /* fp16 d, 32 int8; q d */
+      const uint8_t *q = p + 34 * b;
+      const float d = f16_to_f32(le16(q));
+      for (int j = 0; j < 32; ++j) y[j] = (int8_t)q[2 + j] * d;
+      break;
+    }
+    default: return -1;
+    }
+  }
+  return 0;
+}
+
+/* ---- loading ---------------------------------------------------------------------------- */
+static float *load_tensor(const gguf_file *f, const char *name, uint64_t d0, uint64_t d1, size_t *bytes, char *err,
+                          size_t errlen) {
+  const gguf_tensor *t = gguf_find_tensor(f, name);
+  if (!t) {
+    snprintf(err, errlen, "tensor %s is missing", name);
+    return NULL;
+  }
+  if (t->dims[0] != d0 || t->dims[1] != d1 || t->dims[2] != 1 || t->dims[3] != 1) {
+    snprintf(err, errlen, "tensor %s is %llux%llu, expected %llux%llu", name, (unsigned long long)t->dims[0],
+             (unsigned long long)t->dims[1], (unsigned long long)d0, (unsigned long long)d1);
+    return NULL;
+  }
+  float *out = malloc((size_t)(d0 * d1) * sizeof *out);
+  if (!out) {
+    snprintf(err, errlen, "out of memory for %s", name);
+    return NULL;
+  }
+  if (llm_dequantize(t->type, t->data, (size_t)(d0 * d1), out)) {
+    snprintf(err, errlen, "tensor %s: element type %u is not supported", name, t->type);
+    free(out);
+    return NULL;
+  }
+  *bytes += (size_t)(d0 * d1) * sizeof *out;
+  return out;
+}
+
+void llm_model_free(llm_model *m) {
+  if (!m) return;
+  if (m->layers)
+    for (int l = 0; l < m->n_layers; ++l) {
+      llm_layer *L = &m->layers[l];
+      float *w[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+      for (int i = 0; i < 9; ++i) free(w[i]);
+    }
+  free(m->layers);
+  if (m->output != m->tok_embd) free(m->output);
+  free(m->tok_embd);
+  free(m->out_norm);
+  memset(m, 0, sizeof *m);
+}
+
+int llm_model_load(const gguf_file *f, llm_model *m, char *err, size_t errlen) {
+  memset(m, 0, sizeof *m);
+  const gguf_kv *arch = gguf_find_kv(f, "general.architecture");
+  if (!arch || arch->type != GGUF_STRING || arch->val[0] != 5 || memcmp(arch->val + 8, "llama", 5)) {
+    snprintf(err, errlen, "general.architecture is not \"llama\"");
+    return -1;
+  }
+  const char *keys[] = {"llama.block_count", "llama.attention.head_count", "llama.attention.head_count_kv",
+                        "llama.embedding_length", "llama.feed_forward_length", "llama.context_length"};
+  int64_t v[6];
+  for (int i = 0; i < 6; ++i)
+    if (!gguf_get_int(f, keys[i], &v[i]) || v[i] < 1 || v[i] > (1 << 20)) {
+      snprintf(err, errlen, "metadata %s is missing or out of range", keys[i]);
+      return -1;
+    }
+  m->n_layers = (int)v[0];
+  m->n_heads = (int)v[1];
+  m->n_kv_heads = (int)v[2];
+  m->dim = (int)v[3];
+  m->ffn_dim = (int)v[4];
+  m->ctx_train = (int)v[5];
+  double theta = 10000.0, eps = 1e-5;
+  gguf_get_float(f, "llama.rope.freq_base", &theta);
+  gguf_get_float(f, "llama.attention.layer_norm_rms_epsilon", &eps);
+  m->rope_base = (float)theta;
+  m->rms_eps = (float)eps;
+  if (m->dim % m->n_heads || m->n_heads % m->n_kv_heads) {
+    snprintf(err, errlen, "embedding %d, heads %d, kv-heads %d are inconsistent", m->dim, m->n_heads, m->n_kv_heads);
+    return -1;
+  }
+  m->head_dim = m->dim / m->n_heads;
+  int64_t rot;
+  if (gguf_get_int(f, "llama.rope.dimension_count", &rot) && rot != m->head_dim) {
+    snprintf(err, errlen, "partial rotary embedding (%lld of %d channels) is not supported", (long long)rot, m->head_dim);
+    return -1;
+  }
+  if (m->dim % 8 || m->ffn_dim % 8 || m->head_dim % 2) {
+    snprintf(err, errlen, "embedding %d / ffn %d must be multiples of 8", m->dim, m->ffn_dim);
+    return -1;
+  }
+  const gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+  if (!emb || emb->dims[0] != (uint64_t)m->dim || emb->dims[1] < 1 || emb->dims[1] > (1u << 24)) {
+    snprintf(err, errlen, "token_embd.weight is missing or not [%d][vocab]", m->dim);
+    return -1;
+  }
+  m->n_vocab = (int)emb->dims[1];
+  const uint64_t D = (uint64_t)m->dim, F = (uint64_t)m->ffn_dim, KV = (uint64_t)(m->n_kv_heads * m->head_dim);
+  size_t bytes = 0;
+  m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
+  if (!m->layers) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  if (!(m->tok_embd = load_tensor(f, "token_embd.weight", D, (uint64_t)m->n_vocab, &bytes, err, errlen)) ||
+      !(m->out_norm = load_tensor(f, "output_norm.weight", D, 1, &bytes, err, errlen)))
+    goto fail;
+  if (gguf_find_tensor(f, "output.weight")) {
+    if (!(m->output = load_tensor(f, "output.weight", D, (uint64_t)m->n_vocab, &bytes, err, errlen))) goto fail;
+  } else {
+    m->output = m->tok_embd; /* tied embeddings */
+  }
+  for (int l = 0; l < m->n_layers; ++l) {
+    llm_layer *L = &m->layers[l];
+    char name[96];
+#define LOAD(field, suffix, d0, d1)                                                                  \
+  do {                                                                                               \
+    snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                      \
+    if (!(L->field = load_tensor(f, name, d0, d1, &bytes, err, errlen))) goto fail;                  \
+  } while (0)
+    LOAD(attn_norm, "attn_norm", D, 1);
+    LOAD(wq, "attn_q", D, D);
+    LOAD(wk, "attn_k", D, KV);
+    LOAD(wv, "attn_v", D, KV);
+    LOAD(wo, "attn_output", D, D);
+    LOAD(ffn_norm, "ffn_norm", D, 1);
+    LOAD(w_gate, "ffn_gate", D, F);
+    LOAD(w_up, "ffn_up", D, F);
+    LOAD(w_down, "ffn_down", F, D);
+#undef LOAD
+  }
+  m->weight_bytes = bytes;
+  return 0;
+fail:
+  llm_model_free(m);
+  return -1;
+}
+
+/* ---- matrix multiply -------------------------------------------------------------------- */
+typedef float v8sf __attribute__((vector_size(32)));
+
+/* macros, not functions: a vector argument or result would change the ABI between the generic
+ * and the AVX2 build of the tile */
+#define load8(p) __extension__({ v8sf v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define hsum8(v) (((v)[0] + (v)[4]) + ((v)[1] + (v)[5])) + (((v)[2] + (v)[6]) + ((v)[3] + (v)[7]))
+
+/* y[t][n] for 4 rows of w (n0..n0+3, fewer at the edge) and 4 tokens (t0..t0+3, fewer). */
+#define MATMUL_TILE_BODY                                                                             \
+  const float *wr[4], *xr[4];                                                                        \
+  for (int i = 0; i < 4; ++i) {                                                                      \
+    wr[i] = w + (size_t)(n0 + (i < nn ? i : 0)) * K;                                                 \
+    xr[i] = x + (size_t)(t0 + (i < nt ? i : 0)) * K;                                                 \
+  }                                                                                                  \
+  v8sf acc[4][4];                                                                                    \
+  memset(acc, 0, sizeof acc);                                                                        \
+  for (int k = 0; k < K; k += 8) {                                                                   \
+    const v8sf w0 = load8(wr[0] + k), w1 = load8(wr[1] + k), w2 = load8(wr[2] + k), w3 = load8(wr[3] + k); \
+    for (int t = 0; t < 4; ++t) {                                                                    \
+      const v8sf xv = load8(xr[t] + k);                                                              \
+      acc[t][0] += w0 * xv;                                                                          \
+      acc[t][1] += w1 * xv;                                                                          \
+      acc[t][2] += w2 * xv;                                                                          \
+      acc[t][3] += w3 * xv;                                                                          \
+    }                                                                                                \
+  }                                                                                                  \
+  for (int t = 0; t < nt; ++t)                                                                       \
+    for (int i = 0; i < nn; ++i) {                                                                   \
+      float *yp = y + (size_t)(t0 + t) * N + n0 + i;                                                 \
+      *yp = (accumulate ? *yp : 0.0f) + hsum8(acc[t][i]);                                            \
+    }
+
+static void tile_generic(float *y, const float *x, const float *w, int K, int N, int n0, int nn, int t0, int nt,
+                         int accumulate) {
+  MATMUL_TILE_BODY
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) static void tile_avx2(float *y, const float *x, const float *w, int K, int N,
+                                                          int n0, int nn, int t0, int nt, int accumulate) {
+  MATMUL_TILE_BODY
+}
+#endif
+
+void llm_matmul(float *y, const float *x, const float *w, int T, int K, int N, int accumulate) {
+  void (*tile)(float *, const float *, const float *, int, int, int, int, int, int, int) = tile_generic;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) tile = tile_avx2;
+#endif
+  const int nblk = (N + 3) / 4;
+#pragma omp parallel for schedule(static)
+  for (int b = 0; b < nblk; ++b) {
+    const int n0 = 4 * b, nn = N - n0 < 4 ? N - n0 : 4;
+    for (int t0 = 0; t0 < T; t0 += 4) tile(y, x, w, K, N, n0, nn, t0, T - t0 < 4 ? T - t0 : 4, accumulate);
+  }
+}
+
+/* ---- session ---------------------------------------------------------------------------- */
+int llm_session_init(llm_session *s, const llm_model *m, kivi_cache *cache, int seq_id, int max_chunk,
+                     const llm_fake_quant *fq) {
+  memset(s, 0, sizeof *s);
+  s->m = m;
+  s->cache = cache;
+  s->seq_id = seq_id;
+  s->max_chunk = max_chunk;
+  if (fq) s->fq = *fq;
+  const size_t T = (size_t)max_chunk, D = (size_t)m->dim, F = (size_t)m->ffn_dim,
+               KV = (size_t)(m->n_kv_heads * m->head_dim);
+  s->x = malloc(T * D * sizeof(float));
+  s->xn = malloc(T * D * sizeof(float));
+  s->q = malloc(T * D * sizeof(float));
+  s->att = malloc(T * D * sizeof(float));
+  s->k = malloc(T * KV * sizeof(float));
+  s->v = malloc(T * KV * sizeof(float));
+  s->gate = malloc(T * F * sizeof(float));
+  s->up = malloc(T * F * sizeof(float));
+  s->rope_cos = malloc(T * (size_t)m->head_dim / 2 * sizeof(float));
+  s->rope_sin = malloc(T * (size_t)m->head_dim / 2 * sizeof(float));
+  if (!s->x || !s->xn || !s->q || !s->att || !s->k || !s->v || !s->gate || !s->up || !s->rope_cos || !s->rope_sin) {
+    llm_session_free(s);
+    return -1;
+  }
+  return 0;
+}
+
+void llm_session_free(llm_session *s) {
+  float *p[] = {s->x, s->xn, s->q, s->att, s->k, s->v, s->gate, s->up, s->rope_cos, s->rope_sin};
+  for (int i = 0; i < 10; ++i) free(p[i]);
+  memset(s, 0, sizeof *s);
+}
+
+kivi_status llm_session_reset(llm_session *s) {
+  s->pos = 0;
+  return kivi_cache_reset_seq(s->cache, s->seq_id);
+}
+
+static void rmsnorm(float *y, const float *x, const float *w, int T, int D, float eps) {
+  for (int t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int i = 0; i < D; ++i) ss += (double)x[(size_t)t * D + i] * x[(size_t)t * D + i];
+    const float r = (float)(1.0 / sqrt(ss / D + eps));
+    for (int i = 0; i < D; ++i) y[(size_t)t * D + i] = x[(size_t)t * D + i] * r * w[i];
+  }
+}
+
+/* Rotates adjacent pairs (2i, 2i+1) of every head by pos * base^(-2i/head_dim). */
+static void rope(float *x, int T, int n_heads, int hd, const float *cs, const float *sn) {
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < n_heads; ++h) {
+      float *p = x + ((size_t)t * n_heads + h) * hd;
+      for (int i = 0; i < hd / 2; ++i) {
+        const float c = cs[t * hd / 2 + i], s = sn[t * hd / 2 + i], a = p[2 * i], b = p[2 * i + 1];
+        p[2 * i] = a * c - b * s;
+        p[2 * i + 1] = a * s + b * c;
+      }
+    }
+}
+
+static void quant_group(float *const *el, int n, int bits) { /* min/max asymmetric, in place */
+  float lo = *el[0], hi = *el[0];
+  for (int i = 1; i < n; ++i) {
+    lo = fminf(lo, *el[i]);
+    hi = fmaxf(hi, *el[i]);
+  }
+  const float qmax = (float)((1 << bits) - 1), scale = (hi - lo) / qmax;
+  for (int i = 0; i < n; ++i) {
+    const float c = scale > 0 ? fminf(fmaxf(floorf((*el[i] - lo) / scale + 0.5f), 0.0f), qmax) : 0.0f;
+    *el[i] = c * scale + lo;
+  }
+}
+
+/* x: [T][n_kv_heads * hd] at positions pos..pos+T-1. */
+static void fake_quant(float *x, int T, int pos, int KVD, int G, int bits, int per_token) {
+  float *el[128];
+  if (per_token) {
+    for (int t = 0; t < T; ++t)
+      for (int c0 = 0; c0 < KVD; c0 += G) {
+        for (int i = 0; i < G; ++i) el[i] = &x[(size_t)t * KVD + c0 + i];
+        quant_group(el, G, bits);
+      }
+    return;
+  }
+  for (int t0 = 0; t0 < T;) { /* token groups aligned to absolute positions */
+    const int end = (pos + t0) / G * G + G - pos, t1 = end < T ? end : T;
+    for (int c = 0; c < KVD; ++c) {
+      for (int t = t0; t < t1; ++t) el[t - t0] = &x[(size_t)t * KVD + c];
+      quant_group(el, t1 - t0, bits);
+    }
+    t0 = t1;
+  }
+}
+
+kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits, int all_logits) {
+  const llm_model *m = s->m;
+  if (n < 1 || n > s->max_chunk) return KIVI_ERR_ARG;
+  const int D = m->dim, H = m->n_heads, KVH = m->n_kv_heads, hd = m->head_dim, KVD = KVH * hd, F = m->ffn_dim;
+  for (int t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= m->n_vocab) return KIVI_ERR_ARG;
+    memcpy(s->x + (size_t)t * D, m->tok_embd + (size_t)tokens[t] * D, (size_t)D * sizeof(float));
+    for (int i = 0; i < hd / 2; ++i) {
+      const double a = (double)(s->pos + t) * pow((double)m->rope_base, -2.0 * i / hd);
+      s->rope_cos[t * hd / 2 + i] = (float)cos(a);
+      s->rope_sin[t * hd / 2 + i] = (float)sin(a);
+    }
+  }
+  const float scale = 1.0f / sqrtf((float)hd);
+  const int seq = s->seq_id;
+  kivi_status st = KIVI_OK;
+  for (int l = 0; l < m->n_layers; ++l) {
+    const llm_layer *L = &m->layers[l];
+    rmsnorm(s->xn, s->x, L->attn_norm, n, D, m->rms_eps);
+    llm_matmul(s->q, s->xn, L->wq, n, D, D, 0);
+    llm_matmul(s->k, s->xn, L->wk, n, D, KVD, 0);
+    llm_matmul(s->v, s->xn, L->wv, n, D, KVD, 0);
+    rope(s->q, n, H, hd, s->rope_cos, s->rope_sin);
+    rope(s->k, n, KVH, hd, s->rope_cos, s->rope_sin);
+    if (s->fq.enabled) {
+      fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token);
+      fake_quant(s->v, n, s->pos, KVD, s->fq.group, s->fq.v_bits, !s->fq.v_per_channel);
+    }
+    if (n == 1) { /* decode: the token's own K/V go into the cache first */
+      if ((st = kivi_cache_append(s->cache, l, 1, &seq, &n, s->k, s->v, KIVI_F32, KIVI_MEM_HOST))) return st;
+      if ((st = kivi_attention_decode(s->cache, l, 1, &seq, H, s->q, scale, s->att, KIVI_F32, KIVI_MEM_HOST)))
+        return st;
+    } else { /* chunk: attend to the cache and causally to the chunk, then append it */
+      if ((st = kivi_attention_extend(s->cache, l, 1, &seq, &n, H, s->q, s->k, s->v, scale, s->att, NULL,
+                                      KIVI_MEM_HOST)))
+        return st;
+      if ((st = kivi_cache_append(s->cache, l, 1, &seq, &n, s->k, s->v, KIVI_F32, KIVI_MEM_HOST))) return st;
+    }
+    llm_matmul(s->x, s->att, L->wo, n, D, D, 1);
+    rmsnorm(s->xn, s->x, L->ffn_norm, n, D, m->rms_eps);
+    llm_matmul(s->gate, s->xn, L->w_gate, n, D, F, 0);
+    llm_matmul(s->up, s->xn, L->w_up, n, D, F, 0);
+    for (size_t i = 0; i < (size_t)n * F; ++i) {
+      const float g = s->gate[i];
+      s->gate[i] = g / (1.0f + expf(-g)) * s->up[i];
+    }
+    llm_matmul(s->x, s->gate, L->w_down, n, F, D, 1);
+  }
+  s->pos += n;
+  if (!logits) return KIVI_OK;
+  const int first = all_logits ? 0 : n - 1;
+  rmsnorm(s->xn, s->x + (size_t)first * D, m->out_norm, n - first, D, m->rms_eps);
+  llm_matmul(logits, s->xn, m->output, n - first, D, m->n_vocab, 0);
+  return KIVI_OK;
+}

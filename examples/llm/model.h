@@ -1,0 +1,80 @@
+/* A Llama-architecture model (SmolLM2 and friends) read from GGUF, run on the host with OpenMP
+ * threads, its KV cache and attention in libkivi-omp (on the GPU when the library offloads).
+ *
+ * Weights of any type the reader knows are dequantized to fp32 at load (llm_dequantize).  The
+ * forward pass per layer: RMSNorm, Q/K/V projections, RoPE (GGML "normal" rotation of adjacent
+ * pairs, the convention of llama-architecture GGUF files, base from llama.rope.freq_base),
+ * attention through the cache (kivi_attention_extend for a chunk of tokens, kivi_cache_append +
+ * kivi_attention_decode for one), output projection, RMSNorm, SwiGLU MLP; final RMSNorm and the
+ * output matrix (the token embedding when the file has no output.weight). */
+#ifndef KIVI_EXAMPLES_MODEL_H
+#define KIVI_EXAMPLES_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kivi.h>
+
+#include "gguf.h"
+
+/* fp32 values of n elements of a tensor of ggml type `type` (f32, f16, bf16, q4_0, q4_1, q5_0,
+ * q5_1, q8_0); n must be a multiple of the type's block size.  0, or -1 for another type. */
+int llm_dequantize(uint32_t type, const void *src, size_t n, float *dst);
+
+typedef struct llm_layer {
+  float *attn_norm, *wq, *wk, *wv, *wo;
+  float *ffn_norm, *w_gate, *w_up, *w_down;
+} llm_layer;
+
+typedef struct llm_model {
+  int n_layers, n_heads, n_kv_heads, head_dim, dim, ffn_dim, n_vocab, ctx_train;
+  float rope_base, rms_eps;
+  float *tok_embd; /* [n_vocab][dim] */
+  float *out_norm; /* [dim] */
+  float *output;   /* [n_vocab][dim]; == tok_embd when tied */
+  llm_layer *layers;
+  size_t weight_bytes; /* fp32 bytes held */
+} llm_model;
+
+/* 0 on success; otherwise -1 and a message in err. */
+int llm_model_load(const gguf_file *f, llm_model *m, char *err, size_t errlen);
+void llm_model_free(llm_model *m);
+
+/* Simulated ("fake") quantization of every K/V vector before it is used, the paper's baseline
+ * and its Table-1 axis study: no fp16 window, each axis chosen freely.  Groups of `group`
+ * elements: per channel = `group` consecutive tokens of one channel (aligned to positions that
+ * are multiples of `group`; a chunk that ends inside a group quantizes that part alone), per
+ * token = `group` consecutive channels of one token.  min/max asymmetric, fp32 arithmetic. */
+typedef struct llm_fake_quant {
+  int enabled;
+  int k_bits, v_bits, group;
+  int k_per_token;   /* 0: keys per channel (KIVI) */
+  int v_per_channel; /* 0: values per token (KIVI) */
+} llm_fake_quant;
+
+/* One sequence being run: the model, its cache (one sequence slot is used) and scratch. */
+typedef struct llm_session {
+  const llm_model *m;
+  kivi_cache *cache;
+  int seq_id;
+  int pos; /* tokens already in the cache */
+  int max_chunk;
+  llm_fake_quant fq;
+  float *x, *xn, *q, *k, *v, *att, *gate, *up, *rope_cos, *rope_sin;
+} llm_session;
+
+/* 0, or -1 when out of memory. */
+int llm_session_init(llm_session *s, const llm_model *m, kivi_cache *cache, int seq_id, int max_chunk,
+                     const llm_fake_quant *fq);
+void llm_session_free(llm_session *s);
+/* Empties the sequence (kivi_cache_reset_seq) and restarts at position 0. */
+kivi_status llm_session_reset(llm_session *s);
+
+/* Runs tokens[0..n) (1 <= n <= max_chunk) at positions pos..pos+n-1 and appends their K/V.
+ * logits: NULL; or [n][n_vocab] when all_logits; or [n_vocab] for the last token. */
+kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits, int all_logits);
+
+/* y[T][N] = x[T][K] * w[N][K]^T (+ y when accumulate), OpenMP threads; K a multiple of 8. */
+void llm_matmul(float *y, const float *x, const float *w, int T, int K, int N, int accumulate);
+
+#endif
