@@ -264,6 +264,50 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
                                                           float softmax_scale, float *out,
                                                           float *lse, kivi_mem mem);
 
+/* ---- asynchronous execution ------------------------------------------------------------ *
+ * The _async variants take the same arguments as the synchronous calls and validate them the
+ * same way: an invalid call returns its status at once and enqueues nothing.  A valid call on a
+ * GPU context enqueues its device work (OpenMP target tasks on the cache's device) and returns
+ * without waiting for it.  Work enqueued on one cache runs in call order.
+ *   - Inputs in host memory are copied at the call: the caller may reuse them at once.  Inputs
+ *     in device memory must stay unchanged, and outputs must not be read, until the work is done.
+ *   - Outputs (to host or device memory) are written when kivi_cache_wait returns.
+ *   - kivi_cache_wait(cache) waits for everything enqueued on the cache and reports what went
+ *     wrong at run time: KIVI_ERR_NONFINITE if an enqueued append held NaN/Inf (or |x| > 65504).
+ *     That append and every call enqueued after it on the cache then had no effect on it: the
+ *     cache is as it was before the failed append, and the outputs of those attention calls are
+ *     undefined.  Errors are never lost: the synchronous calls on a cache with enqueued work,
+ *     and kivi_cache_save/load/export_seq/reset_seq, wait first, and if that wait reports an error
+ *     they return it and do nothing else.
+ *   - Ordering with the caller's own target tasks: every region the library enqueues on a cache
+ *     names depend(inout: d[0]) where d = kivi_cache_dependence(cache) (a char *).  A task the
+ *     caller creates with depend(out: d[0]) (say, a kernel writing q) runs before the library's
+ *     later enqueued work; one with depend(in: d[0]) (reading an output) after the earlier one.
+ *     OpenMP orders only sibling tasks: enqueue, name the dependence and wait from one thread.
+ *   - On a host context (and in builds without offload) the _async calls run synchronously and
+ *     return the call's status; kivi_cache_wait then has nothing to wait for.
+ * Enqueued work holds scratch memory; a call that needs more than the cache has waits for the
+ * enqueued work before growing it (the first call of a larger shape). */
+KIVI_API KIVI_NODISCARD kivi_status kivi_cache_append_async(kivi_cache *cache, int layer, int n_seqs,
+                                                            const int *seq_ids, const int *n_new,
+                                                            const void *k, const void *v,
+                                                            kivi_dtype dtype, kivi_mem mem);
+KIVI_API KIVI_NODISCARD kivi_status kivi_attention_decode_async(kivi_cache *cache, int layer, int n_seqs,
+                                                                const int *seq_ids, int n_q_heads,
+                                                                const float *q, float softmax_scale,
+                                                                void *out, kivi_dtype out_dtype,
+                                                                kivi_mem mem);
+KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend_async(kivi_cache *cache, int layer, int n_seqs,
+                                                                const int *seq_ids, const int *q_lens,
+                                                                int n_q_heads, const float *q,
+                                                                const float *k_new, const float *v_new,
+                                                                float softmax_scale, float *out,
+                                                                float *lse, kivi_mem mem);
+/* Waits for all work enqueued on the cache; KIVI_OK, or the first run-time error (see above). */
+KIVI_API kivi_status kivi_cache_wait(kivi_cache *cache);
+/* The address the cache's enqueued regions name in depend(inout: ...); NULL for NULL. */
+KIVI_API void *kivi_cache_dependence(kivi_cache *cache);
+
 #ifdef __cplusplus
 }
 #endif

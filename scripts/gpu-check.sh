@@ -12,9 +12,11 @@ echo "OMP_TARGET_OFFLOAD=${OMP_TARGET_OFFLOAD:-unset}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv,noheader
 pass=0; fail=0
 for t in examples/kivi_hello tests/test_version tests/test_context tests/test_half tests/test_layout \
-         tests/test_cache tests/test_conformance tests/test_attention tests/test_checkpoint tests/test_threads tests/test_gguf; do
+         tests/test_cache tests/test_conformance tests/test_attention tests/test_checkpoint tests/test_threads tests/test_gguf \
+         tests/test_async tests/test_layers.sh tests/test_model_run.sh; do
   echo "=== $t"
-  if timeout 900 "$b/$t" > "$out/$(basename $t).log" 2>&1; then pass=$((pass+1)); echo "PASS: $t"
+  case $t in *.sh) cmd="sh $t" ;; *) cmd="$b/$t" ;; esac
+  if timeout 900 $cmd > "$out/$(basename $t).log" 2>&1; then pass=$((pass+1)); echo "PASS: $t"
   else fail=$((fail+1)); echo "FAIL: $t"; fi
   tail -n 12 "$out/$(basename $t).log"
 done

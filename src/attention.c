@@ -129,7 +129,7 @@ static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, i
  * pointers or NULL. */
 static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *hd, const att_plan *pl, int HQ,
                             const float *q, const float *kn, const float *vn, float scale, void *out, int out_f16,
-                            float *lse, unsigned char *scratch) {
+                            float *lse, unsigned char *scratch, int async) {
   const kivi_context *ctx = c->ctx;
   const kivi_layout lay = c->lay;
   const int H = lay.H, D = lay.D, R = lay.R, G = lay.G, NL = c->cfg.n_layers, MB = c->max_blocks;
@@ -140,7 +140,7 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   /* per-group arrival counters, zero between calls (the last item resets its own) */
   const int64_t ngroups = (int64_t)rows * H * nqc;
   if ((size_t)ngroups * 4 > c->cnt.bytes) {
-    if (kivi_scratch_reserve(ctx, &c->cnt, (size_t)ngroups * 4)) return KIVI_ERR_NOMEM;
+    if (kivi_async_reserve(c, &c->cnt, (size_t)ngroups * 4)) return KIVI_ERR_NOMEM;
     unsigned *zeros = calloc((size_t)ngroups, 4);
     const int err = !zeros || kivi_dev_put(ctx, c->cnt.p, zeros, (size_t)ngroups * 4);
     free(zeros);
@@ -155,10 +155,17 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   int64_t *dd = (int64_t *)scratch;
   float *part_o = (float *)(scratch + pad16((size_t)R_NCOLS * rows * 8));
   float *part_ml = part_o + (size_t)rows * HQ * nslots * D;
-  if (kivi_dev_put(ctx, dd, hd, (size_t)R_NCOLS * rows * 8)) return KIVI_ERR_DEVICE;
+  if (async) {
+    const void *hk = kivi_async_keep_copy(c, hd, (size_t)R_NCOLS * rows * 8);
+    if (!hk) return KIVI_ERR_NOMEM;
+    kivi_async_put(c, dd, hk, (size_t)R_NCOLS * rows * 8);
+  } else if (kivi_dev_put(ctx, dd, hd, (size_t)R_NCOLS * rows * 8)) {
+    return KIVI_ERR_DEVICE;
+  }
   const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
   if (pl->nf > 0)
-    kivi_gpu_fast_decode(c, layer, rows, HQ, dd, R_SEQ, R_BEG, pl->fs, pl->nf, (int)nslots, q, qmul, part_o, part_ml);
+    kivi_gpu_fast_decode(c, layer, rows, HQ, dd, R_SEQ, R_BEG, pl->fs, pl->nf, (int)nslots, q, qmul, part_o, part_ml,
+                         async);
 
   const unsigned char *pool = c->pool;
   const int32_t *bt = c->bt;
@@ -169,188 +176,16 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const int nteams = on_gpu ? (int)(nitems < 65536 ? nitems : 65536) : omp_get_max_threads();
   const int nthreads = on_gpu ? KIVI_ATT_NT : 1;
 
-#pragma omp target teams device(dev) num_teams(nteams) thread_limit(nthreads) \
-    is_device_ptr(pool, bt, kres, vres, q, kn, vn, dd, part_o, part_ml, cnt, out, lse)
-  {
-    float s_q[KIVI_ATT_QCAP], s_qs[KIVI_ATT_QSCAP], s_bias[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP)];
-    float s_p[KIVI_ATT_PCAP], s_bp[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP) * 32], s_red[KIVI_ATT_NT];
-    int s_last[1];
-    KIVI_TEAM_SHARED(s_q, s_qs, s_bias, s_p, s_bp, s_red, s_last)
-    float *const s_o = s_qs; /* the V phase's lane partials reuse the K staging area */
-#pragma omp parallel
-    {
-      const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-      /* the host fallback may run fewer teams and threads than asked: loop, never assume */
-      for (int64_t item = omp_get_team_num(); item < nitems; item += omp_get_num_teams()) {
-        const int64_t sp = item % nsplit;
-        const int qc = (int)(item / nsplit % nqc);
-        const int kvh = (int)(item / (nsplit * nqc) % H);
-        const int64_t r = item / (nsplit * nqc * H);
-        const int64_t s = dd[R_SEQ * (int64_t)rows + r], Lc = dd[R_LC * (int64_t)rows + r];
-        const int64_t T = Lc + dd[R_E * (int64_t)rows + r];
-        const int64_t Lk = Lc - Lc % R, Lv = Lc > R ? Lc - R : 0;
-        const int64_t t0 = dd[R_BEG * (int64_t)rows + r] + sp * split_len;
-        const int64_t t1 = t0 + split_len < T ? t0 + split_len : T;
-        const int n = t1 > t0 ? (int)(t1 - t0) : 0, spl = (int)split_len;
-        const int h0 = kvh * gsz + qc * hc;
-        const int nh = gsz - qc * hc < hc ? gsz - qc * hc : hc;
-        const int32_t *btrow = bt + ((size_t)s * NL + layer) * MB;
-        const size_t ring = (((size_t)s * NL + layer) * H + kvh) * (size_t)R * D;
-        const size_t newrow = (size_t)dd[R_NEW * (int64_t)rows + r] * H + kvh;
-        const float *knew = kn ? kn + newrow * D : NULL, *vnew = vn ? vn + newrow * D : NULL;
-
-        for (int i = tid; i < nh * D; i += nth) s_q[i] = q[((size_t)r * HQ + h0) * D + i] * qmul;
-#pragma omp barrier
-        /* ---- logits of the split, tile by tile; a tile's quantized key groups are staged
-         * as q * scale (per head, group, channel) and bias = q . zero */
-        for (int tt = 0; tt < n; tt += KIVI_ATT_TILE) {
-          const int nt = n - tt < KIVI_ATT_TILE ? n - tt : KIVI_ATT_TILE;
-          const int64_t tq = Lk - (t0 + tt); /* quantized keys left from the tile start */
-          const int nq = kb < 16 ? (tq <= 0 ? 0 : tq < nt ? (int)tq : nt) : 0;
-          const int ngq = nq / G;
-          for (int i = tid; i < nh * ngq * D; i += nth) {
-            const int d = i % D, gi = i / D % ngq, hh = i / (D * ngq);
-            const int t = (int)(t0 + tt) + gi * G; /* positions fit in int: 32-bit division */
-            const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
-            const uint16_t *sc = (const uint16_t *)(sb + ksz_off) + (size_t)(t % R / G) * 2 * D;
-            s_qs[(hh * TG + gi) * D + d] = s_q[hh * D + d] * kivi_f16_to_f32(sc[d]);
-          }
-          /* bias = q . zero: 32 partial sums per (head, group), then their sum */
-          for (int i = tid; i < nh * ngq * 32; i += nth) {
-            const int part = i % 32, gi = i / 32 % ngq, hh = i / (32 * ngq);
-            const int t = (int)(t0 + tt) + gi * G;
-            const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
-            const uint16_t *zr = (const uint16_t *)(sb + ksz_off) + (size_t)(t % R / G) * 2 * D + D;
-            float b = 0.0f;
-            for (int d = part; d < D; d += 32) b += s_q[hh * D + d] * kivi_f16_to_f32(zr[d]);
-            s_bp[i] = b;
-          }
-#pragma omp barrier
-          for (int i = tid; i < nh * ngq; i += nth) {
-            float b = 0.0f;
-            for (int k = 0; k < 32; ++k) b += s_bp[i * 32 + k];
-            s_bias[(i / ngq) * TG + i % ngq] = b;
-          }
-#pragma omp barrier
-          /* one thread per token: consecutive threads read consecutive code rows */
-          for (int j = tid; j < nt; j += nth) {
-            const int t = (int)(t0 + tt) + j;
-            float *out_p = s_p + tt + j;
-            if (t < Lk) {
-              const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
-              const uint32_t *row = (const uint32_t *)sb + (size_t)(t % R) * kw;
-              const float *qs = s_qs + (j / G) * D;
-              const float *bias = s_bias + j / G;
-              switch (kb) {
-              case 2: kivi_kdot_codes(row, D, 2, qs, TG * D, bias, TG, nh, out_p, spl); break;
-              case 4: kivi_kdot_codes(row, D, 4, qs, TG * D, bias, TG, nh, out_p, spl); break;
-              case 8: kivi_kdot_codes(row, D, 8, qs, TG * D, bias, TG, nh, out_p, spl); break;
-              default: kivi_kdot_f16((const uint16_t *)row, D, s_q, nh, out_p, spl); break;
-              }
-            } else if (t < Lc) {
-              kivi_kdot_f16(kres + ring + (size_t)(t % R) * D, D, s_q, nh, out_p, spl);
-            } else {
-              kivi_kdot_f32(knew + (size_t)(t - Lc) * H * D, D, s_q, nh, out_p, spl);
-            }
-          }
-#pragma omp barrier
-        }
-        /* ---- softmax of each head over the split (base 2) */
-        float mh[KIVI_ATT_HC], lh[KIVI_ATT_HC];
-        for (int hh = 0; hh < nh; ++hh) {
-          float *p = s_p + hh * spl;
-          float m = -INFINITY;
-          for (int j = tid; j < n; j += nth) m = fmaxf(m, p[j]);
-          m = kivi_team_reduce(m, 1, s_red, tid, nth);
-          float l = 0.0f;
-          for (int j = tid; j < n; j += nth) {
-            const float e = exp2f(p[j] - m);
-            p[j] = e;
-            l += e;
-          }
-          l = kivi_team_reduce(l, 0, s_red, tid, nth); /* its barriers also publish p */
-          mh[hh] = n > 0 ? m : -INFINITY;
-          lh[hh] = l;
-        }
-        /* ---- weighted values: thread = (token lane, code word); lanes reduced in s_o */
-        const int vcpw = vb == 16 ? 2 : 32 / vb;
-        const int wstep = nth < vw ? nth : vw, lanes = nth < vw ? 1 : nth / vw;
-        const int tl = nth < vw ? 0 : tid / vw, w0 = nth < vw ? tid : tid % vw;
-        const int jq = (int)(Lv - t0 <= 0 ? 0 : Lv - t0 < n ? Lv - t0 : n);
-        const int jr = (int)(Lc - t0 <= 0 ? 0 : Lc - t0 < n ? Lc - t0 : n);
-#if !defined(__NVPTX__)
-        if (nth == 1) { /* host threads: one row of values at a time for all heads */
-          float o_host[KIVI_ATT_HC * 256];
-          kivi_vsum_host(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, vb, vres, ring, vnew, Lc, t0, n,
-                         jq, jr, s_p, spl, nh, o_host);
-          for (int hh = 0; hh < nh; ++hh)
-            for (int d = 0; d < D; ++d)
-              part_o[(((size_t)r * HQ + h0 + hh) * nslots + slot0 + sp) * D + d] = o_host[hh * D + d];
-        } else
-#endif
-        for (int hh = 0; hh < nh; ++hh) {
-          const float *p = s_p + hh * spl;
-          if (tl < lanes)
-            for (int wi = w0; wi < vw; wi += wstep) {
-              float acc[16], z = 0.0f;
-              for (int k = 0; k < vcpw; ++k) acc[k] = 0.0f;
-              switch (vb) {
-              case 2: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 2, wi, t0, tl, jq, lanes, p, acc, &z); break;
-              case 4: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 4, wi, t0, tl, jq, lanes, p, acc, &z); break;
-              case 8: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 8, wi, t0, tl, jq, lanes, p, acc, &z); break;
-              default: kivi_vacc_codes(pool, btrow, H, kvh, sub, vcode_off, vsz_off, R, D, G, vw, 16, wi, t0, tl, jq, lanes, p, acc, &z); break;
-              }
-              /* fp16 window and new tokens: the lane's tokens from jq on */
-              const int ja = jq + ((tl - jq) % lanes + lanes) % lanes;
-              int j = ja;
-              if (j < jr) { /* the fp16 window: ring position advanced without dividing */
-                int tr = (int)((t0 + j) % R);
-                for (; j < jr; j += lanes) {
-                  const uint16_t *vr = vres + ring + (size_t)tr * D + wi * vcpw;
-                  for (int k = 0; k < vcpw; ++k) acc[k] += p[j] * kivi_f16_to_f32(vr[k]);
-                  for (tr += lanes; tr >= R; tr -= R) {}
-                }
-              }
-              for (; j < n; j += lanes) {
-                const float *vr = vnew + (size_t)(t0 + j - Lc) * H * D + wi * vcpw;
-                for (int k = 0; k < vcpw; ++k) acc[k] += p[j] * vr[k];
-              }
-              for (int k = 0; k < vcpw; ++k) s_o[tl * D + wi * vcpw + k] = acc[k] + z;
-            }
-#pragma omp barrier
-          for (int d = tid; d < D; d += nth) {
-            float o = 0.0f;
-            for (int l = 0; l < lanes; ++l) o += s_o[l * D + d];
-            part_o[(((size_t)r * HQ + h0 + hh) * nslots + slot0 + sp) * D + d] = o;
-          }
-#pragma omp barrier
-        }
-        if (tid == 0)
-          for (int hh = 0; hh < nh; ++hh) {
-            const size_t o = (((size_t)r * HQ + h0 + hh) * nslots + slot0 + sp) * 2;
-            part_ml[o] = mh[hh];
-            part_ml[o + 1] = lh[hh];
-          }
-        /* ---- arrival: the group's last item combines all of its splits */
-#pragma omp flush
-#pragma omp barrier
-        const int64_t grp = (r * H + kvh) * nqc + qc;
-        if (tid == 0) {
-          unsigned seen;
-#pragma omp atomic capture seq_cst
-          seen = cnt[grp]++;
-          s_last[0] = seen == (unsigned)(nsplit - 1);
-        }
-#pragma omp barrier
-        if (s_last[0]) {
-#pragma omp flush
-          for (int i = tid; i < nh * D; i += nth)
-            combine_item(((r * HQ + h0) * D) + i, D, nslots, part_o, part_ml, out, out_f16, lse);
-          if (tid == 0) cnt[grp] = 0;
-        }
-#pragma omp barrier
-      }
-    }
+  char *dep = c->dep;
+  (void)dep; /* named only in depend clauses */
+  if (async) {
+#define KIVI_REGION_ASYNC nowait depend(inout : dep[0])
+#include "attention_portable.inc"
+#undef KIVI_REGION_ASYNC
+  } else {
+#define KIVI_REGION_ASYNC
+#include "attention_portable.inc"
+#undef KIVI_REGION_ASYNC
   }
 
   c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 ? KIVI_KERNEL_GPU_F16X2 : 0u);
@@ -395,8 +230,24 @@ static size_t rows_scratch(const kivi_cache *c, int rows, int HQ, const att_plan
   return pad16((size_t)R_NCOLS * rows * 8) + (size_t)rows * HQ * p->nslots * (c->cfg.head_dim + 2) * 4 + 16;
 }
 
-kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
-                                  const float *q, float scale, void *out, kivi_dtype out_dtype, kivi_mem mem) {
+/* Host input of an enqueued call: a copy the cache keeps until the wait, uploaded in order. */
+static int put_input(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
+  if (!async) return kivi_dev_put(c->ctx, dst, src, bytes);
+  const void *k = kivi_async_keep_copy(c, src, bytes);
+  if (!k) return -1;
+  kivi_async_put(c, dst, k, bytes);
+  return 0;
+}
+
+static int get_output(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
+  if (!async) return kivi_dev_get(c->ctx, dst, src, bytes);
+  kivi_async_get(c, dst, src, bytes);
+  return 0;
+}
+
+static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
+                               const float *q, float scale, void *out, kivi_dtype out_dtype, kivi_mem mem,
+                               int async) {
   kivi_status st = check_common(c, layer, n_seqs, seq_ids, n_q_heads, q, out, scale, mem);
   if (st) return st;
   if (out_dtype != KIVI_F32 && out_dtype != KIVI_F16) return KIVI_ERR_ARG;
@@ -410,12 +261,11 @@ kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const in
     hd[R_E * n_seqs + i] = 0;
     hd[R_NEW * n_seqs + i] = 0;
   }
-  const kivi_context *ctx = c->ctx;
   const size_t D = (size_t)c->cfg.head_dim, nq = (size_t)n_seqs * n_q_heads * D;
   const size_t osz = out_dtype == KIVI_F16 ? 2 : 4;
   const size_t host_io = mem == KIVI_MEM_HOST ? pad16(nq * 4) + pad16(nq * osz) : 0;
   const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads);
-  if (kivi_scratch_reserve(ctx, &c->work, host_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
+  if (kivi_async_reserve(c, &c->work, host_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
@@ -423,20 +273,35 @@ kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const in
   const float *dq = q;
   void *dout = out;
   if (mem == KIVI_MEM_HOST) {
-    if (kivi_dev_put(ctx, w, q, nq * 4)) { free(hd); return KIVI_ERR_DEVICE; }
+    if (put_input(c, async, w, q, nq * 4)) { free(hd); return KIVI_ERR_DEVICE; }
     dq = (const float *)w;
     dout = w + pad16(nq * 4);
   }
   st = run_rows(c, layer, n_seqs, hd, &pl, n_q_heads, dq, NULL, NULL, scale, dout, out_dtype == KIVI_F16,
-                NULL, w + host_io);
+                NULL, w + host_io, async);
   free(hd);
-  if (!st && mem == KIVI_MEM_HOST && kivi_dev_get(ctx, out, dout, nq * osz)) st = KIVI_ERR_DEVICE;
+  if (!st && mem == KIVI_MEM_HOST && get_output(c, async, out, dout, nq * osz)) st = KIVI_ERR_DEVICE;
+  if (async) ++c->pending;
   return st;
 }
 
-kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *q_lens,
-                                  int n_q_heads, const float *q, const float *k_new, const float *v_new,
-                                  float scale, float *out, float *lse, kivi_mem mem) {
+kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
+                                  const float *q, float scale, void *out, kivi_dtype out_dtype, kivi_mem mem) {
+  if (!c) return KIVI_ERR_ARG;
+  const kivi_status st = kivi_async_drain(c);
+  return st ? st : decode_impl(c, layer, n_seqs, seq_ids, n_q_heads, q, scale, out, out_dtype, mem, 0);
+}
+
+kivi_status kivi_attention_decode_async(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
+                                        const float *q, float scale, void *out, kivi_dtype out_dtype,
+                                        kivi_mem mem) {
+  if (!c) return KIVI_ERR_ARG;
+  return decode_impl(c, layer, n_seqs, seq_ids, n_q_heads, q, scale, out, out_dtype, mem, c->ctx->on_gpu);
+}
+
+static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *q_lens,
+                               int n_q_heads, const float *q, const float *k_new, const float *v_new, float scale,
+                               float *out, float *lse, kivi_mem mem, int async) {
   kivi_status st = check_common(c, layer, n_seqs, seq_ids, n_q_heads, q, out, scale, mem);
   if (st) return st;
   if (!q_lens || !k_new || !v_new) return KIVI_ERR_ARG;
@@ -458,12 +323,11 @@ kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const in
       hd[R_NEW * rows + r] = first;
     }
   }
-  const kivi_context *ctx = c->ctx;
   const size_t D = (size_t)c->cfg.head_dim, H = (size_t)c->cfg.n_kv_heads;
   const size_t nq = (size_t)rows * n_q_heads * D, nkv = (size_t)rows * H * D, nl = (size_t)rows * n_q_heads;
   const size_t host_io = mem == KIVI_MEM_HOST ? 2 * pad16(nq * 4) + 2 * pad16(nkv * 4) + pad16(nl * 4) : 0;
   const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads);
-  if (kivi_scratch_reserve(ctx, &c->work, host_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
+  if (kivi_async_reserve(c, &c->work, host_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
@@ -477,16 +341,34 @@ kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const in
     dv = (const float *)p;  p += pad16(nkv * 4);
     dout = (float *)p;      p += pad16(nq * 4);
     dlse = lse ? (float *)p : NULL;
-    if (kivi_dev_put(ctx, (void *)dq, q, nq * 4) || kivi_dev_put(ctx, (void *)dk, k_new, nkv * 4) ||
-        kivi_dev_put(ctx, (void *)dv, v_new, nkv * 4)) {
+    if (put_input(c, async, (void *)dq, q, nq * 4) || put_input(c, async, (void *)dk, k_new, nkv * 4) ||
+        put_input(c, async, (void *)dv, v_new, nkv * 4)) {
       free(hd);
       return KIVI_ERR_DEVICE;
     }
   }
-  st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io);
+  st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io, async);
   free(hd);
   if (!st && mem == KIVI_MEM_HOST &&
-      (kivi_dev_get(ctx, out, dout, nq * 4) || (lse && kivi_dev_get(ctx, lse, dlse, nl * 4))))
+      (get_output(c, async, out, dout, nq * 4) || (lse && get_output(c, async, lse, dlse, nl * 4))))
     st = KIVI_ERR_DEVICE;
+  if (async) ++c->pending;
   return st;
+}
+
+kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *q_lens,
+                                  int n_q_heads, const float *q, const float *k_new, const float *v_new,
+                                  float scale, float *out, float *lse, kivi_mem mem) {
+  if (!c) return KIVI_ERR_ARG;
+  const kivi_status st = kivi_async_drain(c);
+  return st ? st
+            : extend_impl(c, layer, n_seqs, seq_ids, q_lens, n_q_heads, q, k_new, v_new, scale, out, lse, mem, 0);
+}
+
+kivi_status kivi_attention_extend_async(kivi_cache *c, int layer, int n_seqs, const int *seq_ids,
+                                        const int *q_lens, int n_q_heads, const float *q, const float *k_new,
+                                        const float *v_new, float scale, float *out, float *lse, kivi_mem mem) {
+  if (!c) return KIVI_ERR_ARG;
+  return extend_impl(c, layer, n_seqs, seq_ids, q_lens, n_q_heads, q, k_new, v_new, scale, out, lse, mem,
+                     c->ctx->on_gpu);
 }

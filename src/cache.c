@@ -58,7 +58,11 @@ kivi_status kivi_cache_config_check(const kivi_cache_config *c) {
 
 void kivi_cache_destroy(kivi_cache *c) {
   if (!c) return;
+  (void)kivi_async_drain(c); /* enqueued work must finish before its memory goes */
+  free(c->log);
+  free(c->keep);
   const kivi_context *ctx = c->ctx;
+  kivi_dev_free(ctx, c->aflag);
   kivi_dev_free(ctx, c->pool);
   kivi_dev_free(ctx, c->kres);
   kivi_dev_free(ctx, c->vres);
@@ -99,10 +103,12 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
   c->vexp = kivi_dev_alloc(ctx, (size_t)NL * cfg->n_kv_heads * 2 * 4);
+  c->aflag = kivi_dev_alloc(ctx, sizeof *c->aflag);
   c->bt_host = malloc(bt_n * 4);
   c->len = calloc((size_t)S * NL, 4);
   c->free_list = malloc((size_t)(c->n_blocks > 0 ? c->n_blocks : 1) * 4);
-  if (!c->pool || !c->kres || !c->vres || !c->bt || !c->vexp || !c->bt_host || !c->len || !c->free_list) {
+  if (!c->pool || !c->kres || !c->vres || !c->bt || !c->vexp || !c->aflag || !c->bt_host || !c->len ||
+      !c->free_list) {
     kivi_cache_destroy(c);
     return KIVI_ERR_NOMEM;
   }
@@ -117,7 +123,9 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
     return KIVI_ERR_NOMEM;
   }
   for (size_t i = 0; i < nvexp; ++i) vexp0[i] = -14; /* 2^-14 bounds fp16 subnormals */
-  const int put_err = kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4) || kivi_dev_put(ctx, c->vexp, vexp0, nvexp * 4);
+  const int64_t zero = 0;
+  const int put_err = kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4) || kivi_dev_put(ctx, c->vexp, vexp0, nvexp * 4) ||
+                      kivi_dev_put(ctx, c->aflag, &zero, sizeof zero);
   free(vexp0);
   if (put_err) {
     kivi_cache_destroy(c);
@@ -152,6 +160,8 @@ kivi_status kivi_cache_seq_length(const kivi_cache *c, int seq, int layer, int *
 
 kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
   if (!c || seq < 0 || seq >= c->cfg.max_seqs) return KIVI_ERR_ARG;
+  const kivi_status wst = kivi_async_drain(c); /* enqueued work first */
+  if (wst) return wst;
   const int R = c->cfg.residual;
   for (int l = 0; l < c->cfg.n_layers; ++l) {
     int32_t *row = kivi_bt_row(c, seq, l);
@@ -186,9 +196,15 @@ static void append_undo_blocks(kivi_cache *c, int layer, int n_seqs, const int *
   }
 }
 
-kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *seq_ids,
-                              const int *n_new, const void *k, const void *v, kivi_dtype dtype,
-                              kivi_mem mem) {
+/* Host side of an append undone after its lengths were advanced (async rollback). */
+void kivi_append_rollback(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new) {
+  for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * c->cfg.n_layers + layer] -= n_new[i];
+  append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+}
+
+/* async: enqueue the kernels (GPU contexts), update the host side at once, no read-back. */
+static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new,
+                               const void *k, const void *v, kivi_dtype dtype, kivi_mem mem, int async) {
   if (!c || layer < 0 || layer >= c->cfg.n_layers || !n_new) return KIVI_ERR_ARG;
   if (dtype != KIVI_F32 && dtype != KIVI_F16 && dtype != KIVI_BF16) return KIVI_ERR_ARG;
   if (mem != KIVI_MEM_HOST && mem != KIVI_MEM_DEVICE) return KIVI_ERR_ARG;
@@ -225,7 +241,7 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
   const size_t raw = mem == KIVI_MEM_HOST ? (2 * nel * esz + 15) & ~(size_t)15 : 0;
   const size_t f16 = (nel * 2 + 15) & ~(size_t)15;
   unsigned char *img = malloc(head + raw);
-  if (!img || kivi_scratch_reserve(ctx, &c->stage, head + raw + 2 * f16)) {
+  if (!img || kivi_async_reserve(c, &c->stage, head + raw + 2 * f16)) {
     free(img);
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NOMEM;
@@ -260,137 +276,47 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
     memcpy(img + head + nel * esz, v, nel * esz);
   }
   unsigned char *base = c->stage.p;
-  const int put_err = kivi_dev_put(ctx, base, img, head + raw);
-  free(img);
-  if (put_err) {
-    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
-    return KIVI_ERR_DEVICE;
+  const int64_t call_id = async ? ++c->next_id : 1;
+  if (async) {
+    if (kivi_async_keep(c, img) || kivi_async_log_append(c, call_id, layer, n_seqs, seq_ids, n_new)) {
+      append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+      return KIVI_ERR_NOMEM;
+    }
+    kivi_async_put(c, base, img, head + raw);
+  } else {
+    const int put_err = kivi_dev_put(ctx, base, img, head + raw);
+    free(img);
+    if (put_err) {
+      append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+      return KIVI_ERR_DEVICE;
+    }
   }
   const int64_t *dd = (const int64_t *)base;
   const int64_t *dbtu = dd + n_desc;
-  int64_t *flag = (int64_t *)base + n_desc + 2 * n_bt;
+  /* the flag: this call's (zeroed by the upload), or the cache's sticky one when enqueued */
+  int64_t *flag = async ? c->aflag : (int64_t *)base + n_desc + 2 * n_bt;
   const void *kin = mem == KIVI_MEM_HOST ? (const void *)(base + head) : k;
   const void *vin = mem == KIVI_MEM_HOST ? (const void *)(base + head + nel * esz) : v;
   uint16_t *kst = (uint16_t *)(base + head + raw), *vst = (uint16_t *)(base + head + raw + f16);
   const int64_t n_kb = kb, n_vq = vq;
 
-  const int dev = ctx->device, dt = (int)dtype;
-  const int64_t nel64 = (int64_t)nel, nbt64 = (int64_t)n_bt;
-  int32_t *bt = c->bt;
-  /* 1: convert K and V to fp16, flagging any non-finite result (NaN, Inf, |x| >= 65520), and
-   * write the new block-table entries (beyond every length: harmless if the input is bad) */
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(kin, vin, kst, vst, flag, dbtu, bt)
-  for (int64_t i = 0; i < 2 * nel64 + nbt64; ++i) {
-    if (i >= 2 * nel64) {
-      bt[dbtu[2 * (i - 2 * nel64)]] = (int32_t)dbtu[2 * (i - 2 * nel64) + 1];
-      continue;
-    }
-    const int is_v = i >= nel64;
-    const int64_t j = is_v ? i - nel64 : i;
-    const void *src = is_v ? vin : kin;
-    uint16_t h;
-    if (dt == KIVI_F32) h = kivi_f32_to_f16(((const float *)src)[j]);
-    else if (dt == KIVI_BF16) h = kivi_f32_to_f16(kivi_bf16_to_f32(((const uint16_t *)src)[j]));
-    else h = ((const uint16_t *)src)[j];
-    (is_v ? vst : kst)[j] = h;
-    if (!kivi_f16_finite(h)) {
-#pragma omp atomic write
-      flag[0] = 1;
-    }
+  char *dep = c->dep;
+  (void)dep; /* named only in depend clauses */
+  if (async) {
+#define KIVI_REGION_ASYNC nowait depend(inout : dep[0])
+#include "cache_append.inc"
+#undef KIVI_REGION_ASYNC
+  } else {
+#define KIVI_REGION_ASYNC
+#include "cache_append.inc"
+#undef KIVI_REGION_ASYNC
   }
 
-  const kivi_layout lay = c->lay;
-  unsigned char *pool = c->pool;
-  uint16_t *kres = c->kres, *vres = c->vres;
-  const int MB = c->max_blocks, kbits = lay.kb, vbits = lay.vb, kw = lay.kw, vw = lay.vw;
-  const size_t sub = lay.sub_bytes, ksz_off = lay.ksz_off, vcode_off = lay.vcode_off, vsz_off = lay.vsz_off;
-  const int n = n_seqs;
-  const int kcpw = kbits == 16 ? 2 : 32 / kbits;
-  const int kwords = D / kcpw;       /* K items per token group: one code word each */
-  const int ngrp = R / G;
-  const int vgrp = D / G;
-  const size_t ring_lh = (size_t)R * D; /* one (seq, layer, head) ring */
-  int32_t *vexp = c->vexp + (size_t)layer * H * 2;
-
-  /* 2: the K blocks this append completes, item = (block, head, token group, word), and the
-   * values leaving the window, item = (token, head, channel group); nothing if flagged */
-  const int64_t n_kitems = n_kb * H * ngrp * kwords, n_vitems = n_vq * H * vgrp;
-#pragma omp target teams distribute parallel for device(dev) \
-    is_device_ptr(dd, pool, kres, vres, kst, vst, bt, vexp, flag)
-  for (int64_t it = 0; it < n_kitems + n_vitems; ++it) {
-    if (flag[0]) continue;
-    if (it < n_kitems) {
-      const int w = (int)(it % kwords);
-      const int g = (int)(it / kwords % ngrp);
-      const int h = (int)(it / ((int64_t)kwords * ngrp) % H);
-      const int64_t kbi = it / ((int64_t)kwords * ngrp * H);
-      const int i = kivi_find_seq(dd + (size_t)D_KBPRE * n, n, kbi);
-      const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i];
-      const int64_t blk_no = L / R + (kbi - dd[(size_t)D_KBPRE * n + i]);
-      const int32_t blk = bt[((size_t)s * NL + layer) * MB + blk_no];
-      unsigned char *sb = pool + ((size_t)blk * H + h) * sub;
-      uint32_t *codes = (uint32_t *)sb + (size_t)g * G * kw + w;
-      uint16_t *sc = (uint16_t *)(sb + ksz_off) + (size_t)g * 2 * D + w * kcpw;
-      const uint16_t *ring = kres + (((size_t)s * NL + layer) * H + h) * ring_lh;
-      const int64_t p0 = blk_no * R + (int64_t)g * G, st0 = dd[(size_t)D_STAGE * n + i];
-      switch (kbits) { /* constant bits: the per-channel arrays of the item stay in registers */
-      case 2: kivi_quant_k_item(codes, kw, sc, sc + D, 2, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-      case 4: kivi_quant_k_item(codes, kw, sc, sc + D, 4, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-      case 8: kivi_quant_k_item(codes, kw, sc, sc + D, 8, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-      default: kivi_quant_k_item(codes, kw, sc, sc + D, 16, G, w * kcpw, p0, L, ring, R, D, kst, st0, H, h); break;
-      }
-      continue;
-    }
-    const int64_t iv = it - n_kitems;
-    const int cg = (int)(iv % vgrp);
-    const int h = (int)(iv / vgrp % H);
-    const int64_t vqi = iv / ((int64_t)vgrp * H);
-    const int i = kivi_find_seq(dd + (size_t)D_VQPRE * n, n, vqi);
-    const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i];
-    const int64_t p = dd[(size_t)D_VQBEG * n + i] + (vqi - dd[(size_t)D_VQPRE * n + i]);
-    const int32_t blk = bt[((size_t)s * NL + layer) * MB + p / R];
-    unsigned char *sb = pool + ((size_t)blk * H + h) * sub;
-    const int t = (int)(p % R);
-    const uint16_t *ring = vres + (((size_t)s * NL + layer) * H + h) * ring_lh;
-    const uint16_t *x = kivi_src_row(p, L, ring, R, D, vst, dd[(size_t)D_STAGE * n + i], H, h);
-    uint16_t *sz = (uint16_t *)(sb + vsz_off) + (size_t)t * 2 * vgrp;
-    uint32_t *vc = (uint32_t *)(sb + vcode_off) + (size_t)t * vw;
-    switch (vbits) {
-    case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x); break;
-    case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x); break;
-    case 8: kivi_quant_v_item(vc, sz, 8, G, cg, x); break;
-    default: kivi_quant_v_item(vc, sz, 16, G, cg, x); break;
-    }
-    if (vbits < 16) /* exponent bounds of V scales and zeros, for the GPU f16x2 kernel's ranges */
-      for (int e = 0; e < 2; ++e) {
-        const int ex = kivi_f16_exp_bound(sz[2 * cg + e]);
-        int32_t *dst = vexp + h * 2 + e;
-#pragma omp atomic compare
-        if (*dst < ex) { *dst = ex; }
-      }
+  if (async) { /* the wait checks the flag and undoes this append if it failed */
+    for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
+    ++c->pending;
+    return KIVI_OK;
   }
-
-  /* 3: new tokens that stay fp16 (after 2 has read the old ring slots).  Item = (sequence,
-   * ring slot, head); the newest position p < L' with p mod R == slot is the only candidate. */
-  const int64_t n_ritems = (int64_t)n * R * H;
-#pragma omp target teams distribute parallel for device(dev) is_device_ptr(dd, kres, vres, kst, vst, flag)
-  for (int64_t it = 0; it < n_ritems; ++it) {
-    if (flag[0]) continue;
-    const int h = (int)(it % H);
-    const int slot = (int)(it / H % R);
-    const int i = (int)(it / ((int64_t)H * R));
-    const int64_t s = dd[(size_t)D_SEQ * n + i], L = dd[(size_t)D_L * n + i], L2 = L + dd[(size_t)D_N * n + i];
-    if (L2 <= slot) continue;
-    const int64_t p = L2 - 1 - ((L2 - 1 - slot) % R);
-    if (p < L) continue; /* not a new token */
-    const size_t src = ((size_t)(dd[(size_t)D_STAGE * n + i] + (p - L)) * H + h) * D;
-    const size_t dst = (((size_t)s * NL + layer) * H + h) * ring_lh + (size_t)slot * D;
-    if (p >= L2 - L2 % R)
-      for (int d = 0; d < D; ++d) kres[dst + d] = kst[src + d];
-    if (p >= L2 - R)
-      for (int d = 0; d < D; ++d) vres[dst + d] = vst[src + d];
-  }
-
   /* 4: the one read-back: was the input finite?  If not, the kernels changed nothing but
    * block-table entries past the lengths; give the blocks back. */
   int64_t bad = 0;
@@ -400,6 +326,19 @@ kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *s
   }
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
   return KIVI_OK;
+}
+
+kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new,
+                              const void *k, const void *v, kivi_dtype dtype, kivi_mem mem) {
+  if (!c) return KIVI_ERR_ARG;
+  const kivi_status st = kivi_async_drain(c);
+  return st ? st : append_impl(c, layer, n_seqs, seq_ids, n_new, k, v, dtype, mem, 0);
+}
+
+kivi_status kivi_cache_append_async(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new,
+                                    const void *k, const void *v, kivi_dtype dtype, kivi_mem mem) {
+  if (!c) return KIVI_ERR_ARG;
+  return append_impl(c, layer, n_seqs, seq_ids, n_new, k, v, dtype, mem, c->ctx->on_gpu);
 }
 
 kivi_status kivi_cache_last_kernels(const kivi_cache *c, unsigned *kernels) {
@@ -510,6 +449,8 @@ static void images_free(seq_images *im) {
 kivi_status kivi_cache_export_seq(const kivi_cache *c, int seq, int layer, void *buf, size_t *bytes) {
   if (!c || !bytes || seq < 0 || seq >= c->cfg.max_seqs || layer < 0 || layer >= c->cfg.n_layers)
     return KIVI_ERR_ARG;
+  const kivi_status wst = kivi_async_drain((kivi_cache *)c); /* enqueued work first */
+  if (wst) return wst;
   const int64_t L = kivi_len(c, seq, layer);
   const size_t need = kivi_export_size(c, L);
   if (!buf) {

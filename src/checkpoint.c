@@ -64,6 +64,8 @@ static size_t record_bytes(const kivi_cache *c, int q) {
 
 kivi_status kivi_cache_save(const kivi_cache *c, int seq_id, void *buf, size_t *bytes) {
   if (!c || !bytes || seq_id < KIVI_ALL_SEQS || seq_id >= c->cfg.max_seqs) return KIVI_ERR_ARG;
+  const kivi_status wst = kivi_async_drain((kivi_cache *)c); /* enqueued work first */
+  if (wst) return wst;
   const int q0 = seq_id == KIVI_ALL_SEQS ? 0 : seq_id, q1 = seq_id == KIVI_ALL_SEQS ? c->cfg.max_seqs : seq_id + 1;
   size_t need = CKPT_HEADER + 4;
   uint32_t nrec = 0;
@@ -118,6 +120,8 @@ typedef struct ckpt_rec {
 
 kivi_status kivi_cache_load(kivi_cache *c, int seq_id, const void *buf, size_t bytes) {
   if (!c || !buf || seq_id < KIVI_ALL_SEQS || seq_id >= c->cfg.max_seqs) return KIVI_ERR_ARG;
+  const kivi_status wst = kivi_async_drain(c); /* enqueued work first */
+  if (wst) return wst;
   const unsigned char *in = buf;
   /* envelope: size, magic, version, payload size, CRC */
   if (bytes < CKPT_HEADER + 4 || memcmp(in, CKPT_MAGIC, 8) != 0) return KIVI_ERR_FORMAT;

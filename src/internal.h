@@ -11,6 +11,9 @@
 
 /* Prefix for the project's own hidden helpers; only kivi_* with KIVI_API are exported. */
 #define KIVI_PRAGMA(x) _Pragma(#x)
+/* A pragma whose text is macro-expanded first (clauses such as KIVI_REGION_ASYNC below). */
+#define KIVI_PRAGMA_S(...) _Pragma(#__VA_ARGS__)
+#define KIVI_PRAGMA_X(...) KIVI_PRAGMA_S(__VA_ARGS__)
 
 /* Team-shared arrays: the allocate directive only in the device pass (gcc rejects it, and on
  * the host fallback an automatic array of the teams region already is one copy per team). */
@@ -60,7 +63,40 @@ struct kivi_cache {
   kivi_scratch stage;   /* append: descriptor, table updates, flag, raw input, fp16 tokens */
   kivi_scratch work;    /* attention: q, partials, outputs */
   kivi_scratch cnt;     /* attention: arrival counters of the split groups (kept zero) */
+
+  /* Asynchronous execution (async.c; GPU contexts only).  Every region an _async call enqueues
+   * carries nowait depend(inout: dep[0]), so they run in call order; kivi_cache_wait waits for
+   * them.  The host side (lengths, block tables) is updated at enqueue time. */
+  char dep[8];             /* the dependence address (kivi_cache_dependence) */
+  int64_t pending;         /* calls enqueued since the last wait */
+  int64_t *aflag;          /* device: 0, or the id of the first enqueued append whose input was
+                              not finite (later enqueued kernels on the cache then do nothing) */
+  int64_t next_id;         /* ids of enqueued appends since the last wait: 1, 2, ... */
+  struct kivi_async_append *log; /* the enqueued appends since the last wait, for rollback */
+  size_t n_log, cap_log;
+  void **keep;             /* host buffers the enqueued regions read, freed by the wait */
+  size_t n_keep, cap_keep;
 };
+
+typedef struct kivi_async_append {
+  int64_t id;
+  int layer, n_seqs;
+  int *seq_ids, *n_new; /* one allocation: seq_ids then n_new */
+} kivi_async_append;
+
+/* async.c */
+kivi_status kivi_async_drain(kivi_cache *c);     /* = kivi_cache_wait; KIVI_OK when nothing is pending */
+int kivi_async_keep(kivi_cache *c, void *host);  /* frees host at the next wait; -1 (and frees it) on OOM */
+void *kivi_async_keep_copy(kivi_cache *c, const void *src, size_t bytes); /* a kept copy, or NULL */
+int kivi_async_log_append(kivi_cache *c, int64_t id, int layer, int n_seqs, const int *seq_ids, const int *n_new);
+/* Enqueued copies between host and the cache's device (ordered with the cache's other work). */
+void kivi_async_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t bytes);
+void kivi_async_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t bytes);
+/* kivi_scratch_reserve for a cache with enqueued work: waits first when the scratch must grow
+ * (enqueued regions may still use the old allocation). */
+int kivi_async_reserve(kivi_cache *c, kivi_scratch *s, size_t bytes);
+/* Undoes the host side of an append (lengths already advanced), cache.c. */
+void kivi_append_rollback(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new);
 
 static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
   return c->bt_host + ((size_t)seq * c->cfg.n_layers + layer) * c->max_blocks;
@@ -74,9 +110,9 @@ static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
 #define KIVI_FAST_SPLIT 2048
 #define KIVI_FAST_GRAIN 32
 int kivi_gpu_fast_eligible(const kivi_cache *c);
-void kivi_gpu_fast_decode(const kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int col_seq,
+void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int col_seq,
                           int col_beg, int fs, int nf, int nslots, const float *q, float qmul, float *part_o,
-                          float *part_ml);
+                          float *part_ml, int async);
 
 /* Export blob size of a (sequence, layer) of length L; import of such a blob (cache.c). */
 size_t kivi_export_size(const kivi_cache *c, int64_t L);

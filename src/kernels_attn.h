@@ -165,20 +165,15 @@ static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btr
   const int cpw = bits == 16 ? 2 : 32 / bits;
   const uint32_t mask = bits == 16 ? 0xffffu : (1u << bits) - 1u;
   const int grp = wi * cpw / G;
-  /* the block and in-block position of the lane's token, advanced without dividing */
-  int bi = 0, tr = 0;
-  if (j0 < j1) {
-    const int t = (int)t0 + j0; /* positions fit in int: 32-bit division, once per call */
-    bi = t / R;
-    tr = t % R;
-  }
   /* two-level sums (chunks of 16 of the lane's tokens) keep the fp32 error of long splits small */
   for (int jc = j0; jc < j1; jc += 16 * step) {
     const int je = jc + 16 * step < j1 ? jc + 16 * step : j1;
     float a[16], z = 0.0f;
     for (int k = 0; k < cpw; ++k) a[k] = 0.0f;
     for (int j = jc; j < je; j += step) {
-      const unsigned char *sb = pool + ((size_t)btrow[bi] * H + kvh) * sub;
+      const int t = (int)t0 + j; /* positions fit in int: 32-bit division */
+      const unsigned char *sb = pool + ((size_t)btrow[t / R] * H + kvh) * sub;
+      const int tr = t % R;
       const uint32_t u = ((const uint32_t *)(sb + vcode_off))[(size_t)tr * vw + wi];
       const float pj = p[j];
       if (bits == 16) {
@@ -190,7 +185,6 @@ static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btr
         z += pj * kivi_f16_to_f32(sz[1]);
         for (int k = 0; k < cpw; ++k) a[k] += ps * kivi_code_f((u >> (bits * k)) & mask);
       }
-      for (tr += step; tr >= R; tr -= R) ++bi;
     }
     for (int k = 0; k < cpw; ++k) acc[k] += a[k];
     *zacc += z;

@@ -4,6 +4,7 @@
  *   kivi-run generate [--prompt TEXT | --prompt-file F] [--max-tokens N] [--temperature T] ...
  *   kivi-run ppl FILE [--ctx N] [--max-tokens N] ...
  *   kivi-run passkey [--lengths 512,1024,...] [--trials N] ...
+ *   kivi-run tokenize [--prompt TEXT | --prompt-file F]     (token ids, no template)
  *
  * Common options: --model PATH, --kv fp16|kivi2|kivi4, --k-bits/--v-bits/--group/--residual,
  * --fake-quant [--k-axis channel|token] [--v-axis token|channel], --chunk N, --device
@@ -44,6 +45,7 @@ static void usage(FILE *f) {
         "             over its first --max-tokens N tokens (all); --chunk tokens per forward step\n"
         "  passkey    find a 5-digit key hidden in filler text of --lengths 512,1024,2048,4096\n"
         "             tokens, --trials N key positions per length (5)\n"
+        "  tokenize   print the token ids of --prompt TEXT or --prompt-file F (no template)\n"
         "common:\n"
         "  --model PATH       GGUF model ($KIVI_MODEL, else ~/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
         "  --kv fp16|kivi2|kivi4   cache setting (kivi2: 2-bit K and V, G=32, R=128)\n"
@@ -81,7 +83,7 @@ static int parse_args(int argc, char **argv, options *o) {
   if (argc < 2) return -1;
   o->cmd = argv[1];
   if (!strcmp(o->cmd, "--help") || !strcmp(o->cmd, "-h")) return 1;
-  if (strcmp(o->cmd, "generate") && strcmp(o->cmd, "ppl") && strcmp(o->cmd, "passkey")) {
+  if (strcmp(o->cmd, "generate") && strcmp(o->cmd, "ppl") && strcmp(o->cmd, "passkey") && strcmp(o->cmd, "tokenize")) {
     fprintf(stderr, "kivi-run: unknown command '%s'\n", o->cmd);
     return -1;
   }
@@ -203,15 +205,18 @@ typedef struct runner {
   FILE *json;
 } runner;
 
+/* --model, else $KIVI_MODEL, else the fetch script's cache. */
+static const char *model_path(const options *o, char *buf, size_t n) {
+  const char *path = o->model ? o->model : getenv("KIVI_MODEL");
+  if (path) return path;
+  const char *home = getenv("HOME");
+  snprintf(buf, n, "%s/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
+  return buf;
+}
+
 static int runner_open(runner *r, int max_len) {
-  char err[512];
-  const char *path = r->o.model ? r->o.model : getenv("KIVI_MODEL");
-  char def[1024];
-  if (!path) {
-    const char *home = getenv("HOME");
-    snprintf(def, sizeof def, "%s/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
-    path = def;
-  }
+  char err[512], def[1024];
+  const char *path = model_path(&r->o, def, sizeof def);
   if (gguf_open(path, &r->file, err, sizeof err)) {
     fprintf(stderr, "kivi-run: %s: %s\n(fetch the model with: sh scripts/fetch-model.sh)\n", path, err);
     return -1;
@@ -358,48 +363,66 @@ static void print_memory(runner *r, FILE *out) {
             (long long)st.tokens, st.total_bytes, st.fp16_bytes, st.bits_per_element);
 }
 
+/* The prompt text of --prompt-file or --prompt (a default question otherwise). */
+static char *prompt_text(const options *o, size_t *n) {
+  if (o->prompt_file) {
+    char *t = read_file(o->prompt_file, n);
+    if (!t) fprintf(stderr, "kivi-run: cannot read %s\n", o->prompt_file);
+    return t;
+  }
+  char *t = strdup(o->prompt ? o->prompt : "What is the capital of France? Answer in one sentence.");
+  *n = t ? strlen(t) : 0;
+  return t;
+}
+
+/* Tokenizes the prompt with the file's tokenizer alone (before the model is loaded, so that the
+ * cache can be sized): the chat template unless raw. */
+static int tokenize_prompt(const options *o, const char *text, size_t n, int raw, int **ids, size_t *nids,
+                           size_t *cap) {
+  gguf_file f;
+  char err[512], def[1024];
+  llm_tokenizer *tok = NULL;
+  const char *path = model_path(o, def, sizeof def);
+  if (gguf_open(path, &f, err, sizeof err) || llm_tokenizer_load(&f, &tok, err, sizeof err)) {
+    fprintf(stderr, "kivi-run: %s: %s\n(fetch the model with: sh scripts/fetch-model.sh)\n", path, err);
+    gguf_close(&f);
+    return -1;
+  }
+  const int rc = raw ? llm_tokenize(tok, text, n, 0, ids, nids, cap) : llm_chat_prompt(tok, o->system, text, ids, nids, cap);
+  llm_tokenizer_free(tok);
+  gguf_close(&f);
+  return rc;
+}
+
+/* ---- tokenize --------------------------------------------------------------------------- */
+static int cmd_tokenize(options *o) {
+  size_t plen = 0, n = 0, cap = 0;
+  int *ids = NULL;
+  char *ptext = prompt_text(o, &plen);
+  if (!ptext || tokenize_prompt(o, ptext, plen, 1, &ids, &n, &cap)) {
+    free(ptext);
+    return 1;
+  }
+  for (size_t i = 0; i < n; ++i) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
+  free(ids);
+  free(ptext);
+  return 0;
+}
+
 /* ---- generate --------------------------------------------------------------------------- */
 static int cmd_generate(options *o) {
   size_t plen = 0;
-  char *ptext = NULL;
-  if (o->prompt_file) {
-    if (!(ptext = read_file(o->prompt_file, &plen))) {
-      fprintf(stderr, "kivi-run: cannot read %s\n", o->prompt_file);
-      return 1;
-    }
-  } else {
-    ptext = strdup(o->prompt ? o->prompt : "What is the capital of France? Answer in one sentence.");
-    plen = strlen(ptext);
-  }
+  char *ptext = prompt_text(o, &plen);
+  if (!ptext) return 1;
   const int max_new = o->max_tokens < 0 ? 128 : o->max_tokens;
   runner r = {.o = *o};
   int rc = 1, *ids = NULL;
   size_t n = 0, cap = 0;
-  /* the cache must hold the prompt and the reply: tokenize first with a throwaway tokenizer pass */
-  {
-    gguf_file f;
-    char err[512];
-    llm_tokenizer *tok = NULL;
-    const char *path = o->model ? o->model : getenv("KIVI_MODEL");
-    char def[1024];
-    if (!path) {
-      const char *home = getenv("HOME");
-      snprintf(def, sizeof def, "%s/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : ".");
-      path = def;
-    }
-    if (gguf_open(path, &f, err, sizeof err) || llm_tokenizer_load(&f, &tok, err, sizeof err)) {
-      fprintf(stderr, "kivi-run: %s: %s\n(fetch the model with: sh scripts/fetch-model.sh)\n", path, err);
-      free(ptext);
-      return 1;
-    }
-    const int ok = o->raw ? llm_tokenize(tok, ptext, plen, 0, &ids, &n, &cap)
-                          : llm_chat_prompt(tok, o->system, ptext, &ids, &n, &cap);
-    llm_tokenizer_free(tok);
-    gguf_close(&f);
-    if (ok) {
-      free(ptext);
-      return 1;
-    }
+  /* the cache must hold the prompt and the reply: tokenize first */
+  if (tokenize_prompt(o, ptext, plen, o->raw, &ids, &n, &cap)) {
+    free(ptext);
+    free(ids);
+    return 1;
   }
   if (n == 0) {
     fprintf(stderr, "kivi-run: empty prompt\n");
@@ -666,5 +689,6 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(o.cmd, "generate")) return cmd_generate(&o);
   if (!strcmp(o.cmd, "ppl")) return cmd_ppl(&o);
+  if (!strcmp(o.cmd, "tokenize")) return cmd_tokenize(&o);
   return cmd_passkey(&o);
 }

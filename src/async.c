@@ -1,0 +1,123 @@
+/* Asynchronous execution: the bookkeeping of enqueued work and kivi_cache_wait.
+ *
+ * An _async call on a GPU context does its host-side work at once (validation, block
+ * allocation, lengths, descriptors) and enqueues its device work as target regions with
+ * `nowait depend(inout: c->dep[0])`: the OpenMP runtime runs them in call order, on its hidden
+ * helper threads, while the caller goes on.  Host buffers those regions read are copies the
+ * library owns (kept until the wait), so the caller's inputs are free at return; outputs to host
+ * memory arrive when the wait returns.
+ *
+ * Run-time errors: an enqueued append whose input is not finite records its id in the device
+ * flag c->aflag; its kernels and those of every later enqueued call on the cache then do
+ * nothing, and the wait undoes the host side of that append and of the later ones, returns
+ * KIVI_ERR_NONFINITE and clears the flag.  The cache is then as it was before the failed call. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap ? 2 * *cap : 16;
+  while (nc < need) nc *= 2;
+  void *p = realloc(*arr, nc * elem);
+  if (!p) return -1;
+  *arr = p;
+  *cap = nc;
+  return 0;
+}
+
+int kivi_async_keep(kivi_cache *c, void *host) {
+  if (grow((void **)&c->keep, &c->cap_keep, c->n_keep + 1, sizeof *c->keep)) {
+    free(host);
+    return -1;
+  }
+  c->keep[c->n_keep++] = host;
+  return 0;
+}
+
+void *kivi_async_keep_copy(kivi_cache *c, const void *src, size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) return NULL;
+  memcpy(p, src, bytes);
+  return kivi_async_keep(c, p) ? NULL : p;
+}
+
+int kivi_async_log_append(kivi_cache *c, int64_t id, int layer, int n_seqs, const int *seq_ids, const int *n_new) {
+  if (grow((void **)&c->log, &c->cap_log, c->n_log + 1, sizeof *c->log)) return -1;
+  int *ids = malloc(2 * (size_t)n_seqs * sizeof *ids);
+  if (!ids) return -1;
+  memcpy(ids, seq_ids, (size_t)n_seqs * sizeof *ids);
+  memcpy(ids + n_seqs, n_new, (size_t)n_seqs * sizeof *ids);
+  c->log[c->n_log++] = (kivi_async_append){id, layer, n_seqs, ids, ids + n_seqs};
+  return 0;
+}
+
+void kivi_async_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t bytes) {
+  const int dev = c->ctx->device;
+  char *dep = c->dep;
+  (void)dep; /* named only in depend clauses */
+  unsigned char *d = dst_dev;
+  const unsigned char *s = src_host;
+  const int64_t n = (int64_t)bytes;
+#pragma omp target teams distribute parallel for device(dev) nowait depend(inout : dep[0]) map(to : s[0:bytes]) \
+    is_device_ptr(d)
+  for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+}
+
+void kivi_async_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t bytes) {
+  const int dev = c->ctx->device;
+  char *dep = c->dep;
+  (void)dep; /* named only in depend clauses */
+  unsigned char *d = dst_host;
+  const unsigned char *s = src_dev;
+  const int64_t n = (int64_t)bytes;
+#pragma omp target teams distribute parallel for device(dev) nowait depend(inout : dep[0]) map(from : d[0:bytes]) \
+    is_device_ptr(s)
+  for (int64_t i = 0; i < n; ++i) d[i] = s[i];
+}
+
+int kivi_async_reserve(kivi_cache *c, kivi_scratch *s, size_t bytes) {
+  if (bytes > s->bytes && c->pending) {
+    /* the enqueued regions may still use the old allocation: let them finish (an error they
+     * report stays recorded in the flag and comes back from the next wait) */
+    char *dep = c->dep;
+  (void)dep; /* named only in depend clauses */
+#pragma omp taskwait depend(inout : dep[0])
+  }
+  return kivi_scratch_reserve(c->ctx, s, bytes);
+}
+
+kivi_status kivi_async_drain(kivi_cache *c) {
+  if (!c->pending && !c->n_keep && !c->n_log) return KIVI_OK;
+  char *dep = c->dep;
+  (void)dep; /* named only in depend clauses */
+#pragma omp taskwait depend(inout : dep[0])
+  kivi_status st = KIVI_OK;
+  int64_t failed = 0;
+  if (c->aflag && kivi_dev_get(c->ctx, &failed, c->aflag, sizeof failed)) st = KIVI_ERR_DEVICE;
+  if (failed) {
+    /* undo the failed append and every later one, newest first */
+    for (size_t i = c->n_log; i-- > 0;) {
+      const kivi_async_append *a = &c->log[i];
+      if (a->id < failed) break;
+      kivi_append_rollback(c, a->layer, a->n_seqs, a->seq_ids, a->n_new);
+    }
+    const int64_t zero = 0;
+    st = kivi_dev_put(c->ctx, c->aflag, &zero, sizeof zero) ? KIVI_ERR_DEVICE : KIVI_ERR_NONFINITE;
+  }
+  for (size_t i = 0; i < c->n_log; ++i) free(c->log[i].seq_ids);
+  for (size_t i = 0; i < c->n_keep; ++i) free(c->keep[i]);
+  c->n_log = c->n_keep = 0;
+  c->pending = 0;
+  c->next_id = 0;
+  return st;
+}
+
+kivi_status kivi_cache_wait(kivi_cache *c) {
+  if (!c) return KIVI_ERR_ARG;
+  return kivi_async_drain(c);
+}
+
+void *kivi_cache_dependence(kivi_cache *c) { return c ? c->dep : NULL; }

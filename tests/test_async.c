@@ -1,0 +1,308 @@
+/* Asynchronous execution (kivi.h): the _async calls give bit-identical caches and outputs to the
+ * synchronous ones, work enqueued on several caches interleaved equals each cache run alone,
+ * a run-time error comes back from the wait with the cache as it was before the failed call,
+ * invalid arguments fail at the call, and the dependence object orders the caller's own tasks.
+ * On a host context the _async calls are synchronous, and the same checks hold. */
+#include <time.h>
+
+#include "check_util.h"
+
+enum { NL = 2, HQ = 8, STEPS = 6, SEQS = 2 };
+
+typedef struct geom {
+  int H, D, kb, vb, G, R;
+} geom;
+
+/* kivi2 with D=128 takes the GPU f16x2 path at these lengths; the others the portable kernel */
+static const geom GEOMS[] = {{2, 128, 2, 2, 32, 128}, {4, 64, 4, 2, 32, 64}, {2, 64, 16, 16, 32, 32}};
+
+typedef struct script {
+  geom g;
+  int len0[SEQS];
+  float *k, *v, *q; /* tokens and queries, enough for the whole script */
+  size_t tok_stride;
+} script;
+
+static script make_script(geom g, uint64_t seed) {
+  script s = {g, {300 + (int)(seed % 50), 517}, NULL, NULL, NULL, (size_t)g.H * g.D};
+  const size_t ntok = (size_t)(s.len0[0] + s.len0[1] + 16 + 2 * STEPS) * NL;
+  s.k = tu_random(ntok * s.tok_stride, seed + 1, 1.0f);
+  s.v = tu_random(ntok * s.tok_stride, seed + 2, 1.0f);
+  s.q = tu_random((size_t)(STEPS + 8) * SEQS * HQ * g.D * NL, seed + 3, 1.0f);
+  return s;
+}
+
+static void free_script(script *s) {
+  free(s->k);
+  free(s->v);
+  free(s->q);
+}
+
+/* Runs the script on c: ragged prefill of both sequences on every layer, a 5-token extend of
+ * sequence 0 (then its append), then STEPS decode steps of both sequences.  Outputs go to out
+ * ([NL][STEPS + 5][SEQS][HQ][D] floats).  async: the _async calls and one wait at the end. */
+static kivi_status run_script(kivi_cache *c, const script *s, float *out, int async) {
+  const int D = s->g.D, ids[SEQS] = {0, 1}, five = 5;
+  const size_t row = (size_t)SEQS * HQ * D;
+  size_t tok = 0;
+  kivi_status st = KIVI_OK;
+#define CALL(sync_call, async_call) (st = async ? (async_call) : (sync_call))
+  for (int l = 0; l < NL && !st; ++l) {
+    const float *k = s->k + tok * s->tok_stride, *v = s->v + tok * s->tok_stride;
+    tok += (size_t)s->len0[0] + s->len0[1];
+    CALL(kivi_cache_append(c, l, SEQS, ids, s->len0, k, v, KIVI_F32, KIVI_MEM_HOST),
+         kivi_cache_append_async(c, l, SEQS, ids, s->len0, k, v, KIVI_F32, KIVI_MEM_HOST));
+  }
+  for (int l = 0; l < NL && !st; ++l) {
+    const float *k = s->k + tok * s->tok_stride, *v = s->v + tok * s->tok_stride;
+    const float *q = s->q + (size_t)l * (STEPS + 8) * row;
+    float *o = out + (size_t)l * (STEPS + 5) * row;
+    tok += 5;
+    CALL(kivi_attention_extend(c, l, 1, ids, &five, HQ, q, k, v, 0.125f, o, NULL, KIVI_MEM_HOST),
+         kivi_attention_extend_async(c, l, 1, ids, &five, HQ, q, k, v, 0.125f, o, NULL, KIVI_MEM_HOST));
+    if (!st)
+      CALL(kivi_cache_append(c, l, 1, ids, &five, k, v, KIVI_F32, KIVI_MEM_HOST),
+           kivi_cache_append_async(c, l, 1, ids, &five, k, v, KIVI_F32, KIVI_MEM_HOST));
+  }
+  const int ones[SEQS] = {1, 1};
+  for (int step = 0; step < STEPS && !st; ++step)
+    for (int l = 0; l < NL && !st; ++l) {
+      const float *k = s->k + tok * s->tok_stride, *v = s->v + tok * s->tok_stride;
+      tok += SEQS;
+      const float *q = s->q + ((size_t)l * (STEPS + 8) + 5 + step) * row;
+      float *o = out + ((size_t)l * (STEPS + 5) + 5 + step) * row;
+      CALL(kivi_cache_append(c, l, SEQS, ids, ones, k, v, KIVI_F32, KIVI_MEM_HOST),
+           kivi_cache_append_async(c, l, SEQS, ids, ones, k, v, KIVI_F32, KIVI_MEM_HOST));
+      if (!st)
+        CALL(kivi_attention_decode(c, l, SEQS, ids, HQ, q, 0.125f, o, KIVI_F32, KIVI_MEM_HOST),
+             kivi_attention_decode_async(c, l, SEQS, ids, HQ, q, 0.125f, o, KIVI_F32, KIVI_MEM_HOST));
+    }
+#undef CALL
+  if (async && !st) st = kivi_cache_wait(c);
+  return st;
+}
+
+static size_t out_floats(const geom *g) { return (size_t)NL * (STEPS + 5) * SEQS * HQ * g->D; }
+
+static kivi_cache *geom_cache(kivi_context *ctx, const geom *g) {
+  return tu_cache(ctx, NL, g->H, g->D, SEQS, 2048, g->kb, g->vb, g->G, g->R);
+}
+
+START_TEST(async_equals_sync) {
+  kivi_context *ctx = tu_context();
+  const geom *g = &GEOMS[_i];
+  script s = make_script(*g, 10 + (uint64_t)_i);
+  kivi_cache *a = geom_cache(ctx, g), *b = geom_cache(ctx, g);
+  const size_t no = out_floats(g);
+  float *oa = calloc(no, sizeof *oa), *ob = calloc(no, sizeof *ob);
+  ck_assert_int_eq(run_script(a, &s, oa, 0), KIVI_OK);
+  ck_assert_int_eq(run_script(b, &s, ob, 1), KIVI_OK);
+  ck_assert_int_eq(memcmp(oa, ob, no * sizeof *oa), 0); /* bit for bit */
+  unsigned ka = 0, kb = 0;
+  ck_assert_int_eq(kivi_cache_last_kernels(a, &ka), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_last_kernels(b, &kb), KIVI_OK);
+  ck_assert_uint_eq(ka, kb);
+  snapshot sa = snap(a), sb = snap(b);
+  same(&sa, &sb);
+  printf("async = sync, K%d V%d D%d: %zu outputs bit-identical, caches identical, kernels %#x\n", g->kb, g->vb,
+         g->D, no, ka);
+  free(sa.bytes);
+  free(sb.bytes);
+  free(oa);
+  free(ob);
+  kivi_cache_destroy(a);
+  kivi_cache_destroy(b);
+  kivi_context_destroy(ctx);
+  free_script(&s);
+}
+END_TEST
+
+/* Three caches driven round-robin, one _async call at a time, one wait each at the end. */
+START_TEST(interleaved_caches) {
+  kivi_context *ctx = tu_context();
+  enum { NC = 3 };
+  script s[NC];
+  kivi_cache *c[NC], *ref[NC];
+  float *o[NC], *oref[NC];
+  for (int i = 0; i < NC; ++i) {
+    s[i] = make_script(GEOMS[i], 40 + (uint64_t)i);
+    c[i] = geom_cache(ctx, &GEOMS[i]);
+    ref[i] = geom_cache(ctx, &GEOMS[i]);
+    o[i] = calloc(out_floats(&GEOMS[i]), sizeof(float));
+    oref[i] = calloc(out_floats(&GEOMS[i]), sizeof(float));
+    ck_assert_int_eq(run_script(ref[i], &s[i], oref[i], 0), KIVI_OK);
+  }
+  /* the same calls as run_script, interleaved: decode steps round-robin over the caches */
+  const int ids[SEQS] = {0, 1}, ones[SEQS] = {1, 1};
+  size_t tok[NC] = {0};
+  for (int l = 0; l < NL; ++l)
+    for (int i = 0; i < NC; ++i) {
+      const size_t at = tok[i] * s[i].tok_stride;
+      tok[i] += (size_t)s[i].len0[0] + s[i].len0[1];
+      ck_assert_int_eq(kivi_cache_append_async(c[i], l, SEQS, ids, s[i].len0, s[i].k + at, s[i].v + at, KIVI_F32,
+                                               KIVI_MEM_HOST), KIVI_OK);
+    }
+  for (int l = 0; l < NL; ++l)
+    for (int i = 0; i < NC; ++i) {
+      const int D = GEOMS[i].D, five = 5;
+      const size_t row = (size_t)SEQS * HQ * D, at = tok[i] * s[i].tok_stride;
+      tok[i] += 5;
+      ck_assert_int_eq(kivi_attention_extend_async(c[i], l, 1, ids, &five, HQ, s[i].q + (size_t)l * (STEPS + 8) * row,
+                                                   s[i].k + at, s[i].v + at, 0.125f,
+                                                   o[i] + (size_t)l * (STEPS + 5) * row, NULL, KIVI_MEM_HOST), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append_async(c[i], l, 1, ids, &five, s[i].k + at, s[i].v + at, KIVI_F32,
+                                               KIVI_MEM_HOST), KIVI_OK);
+    }
+  for (int step = 0; step < STEPS; ++step)
+    for (int l = 0; l < NL; ++l)
+      for (int i = 0; i < NC; ++i) {
+        const int D = GEOMS[i].D;
+        const size_t row = (size_t)SEQS * HQ * D, at = tok[i] * s[i].tok_stride;
+        tok[i] += SEQS;
+        ck_assert_int_eq(kivi_cache_append_async(c[i], l, SEQS, ids, ones, s[i].k + at, s[i].v + at, KIVI_F32,
+                                                 KIVI_MEM_HOST), KIVI_OK);
+        ck_assert_int_eq(kivi_attention_decode_async(c[i], l, SEQS, ids, HQ,
+                                                     s[i].q + ((size_t)l * (STEPS + 8) + 5 + step) * row, 0.125f,
+                                                     o[i] + ((size_t)l * (STEPS + 5) + 5 + step) * row, KIVI_F32,
+                                                     KIVI_MEM_HOST), KIVI_OK);
+      }
+  for (int i = NC - 1; i >= 0; --i) ck_assert_int_eq(kivi_cache_wait(c[i]), KIVI_OK);
+  for (int i = 0; i < NC; ++i) {
+    ck_assert_int_eq(memcmp(o[i], oref[i], out_floats(&GEOMS[i]) * sizeof(float)), 0);
+    snapshot a = snap(c[i]), b = snap(ref[i]);
+    same(&a, &b);
+    free(a.bytes);
+    free(b.bytes);
+    free(o[i]);
+    free(oref[i]);
+    kivi_cache_destroy(c[i]);
+    kivi_cache_destroy(ref[i]);
+    free_script(&s[i]);
+  }
+  printf("interleaved: %d caches round-robin = each alone, bit for bit\n", NC);
+  kivi_context_destroy(ctx);
+}
+END_TEST
+
+/* A NaN in an enqueued append: GPU — the call returns OK and the wait NONFINITE, the failed
+ * append and the later ones undone; host — the call itself fails (synchronous).  Either way the
+ * cache ends as the calls that succeeded left it, and nothing is lost. */
+START_TEST(error_reported_by_wait) {
+  kivi_context *ctx = tu_context();
+  kivi_context_info info;
+  ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
+  const geom *g = &GEOMS[0];
+  const int seq = 0, n1 = 200, n2 = 7, n3 = 40;
+  const size_t st = (size_t)g->H * g->D;
+  float *k = tu_random((size_t)(n1 + n2 + n3) * st, 5, 1.0f), *v = tu_random((size_t)(n1 + n2 + n3) * st, 6, 1.0f);
+  float *bad = malloc((size_t)n2 * st * sizeof *bad);
+  memcpy(bad, k + (size_t)n1 * st, (size_t)n2 * st * sizeof *bad);
+  bad[3 * st + 5] = NAN;
+  float q[HQ * 128], out[HQ * 128];
+  for (int i = 0; i < HQ * 128; ++i) q[i] = 0.01f * (float)(i % 17);
+
+  for (int variant = 0; variant < 2; ++variant) { /* 0: kivi_cache_wait reports; 1: a sync call does */
+    kivi_cache *c = geom_cache(ctx, g), *ref = geom_cache(ctx, g);
+    ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    if (!info.on_gpu) /* synchronous: the append after the failed one does take place */
+      ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n3, k + (size_t)(n1 + n2) * st,
+                                         v + (size_t)(n1 + n2) * st, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    /* invalid arguments fail at the call and enqueue nothing */
+    ck_assert_int_eq(kivi_cache_append_async(c, NL, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+    ck_assert_int_eq(kivi_attention_decode_async(c, 0, 1, &seq, HQ, q, 0.125f, out, KIVI_F32, KIVI_MEM_HOST),
+                     KIVI_ERR_ARG); /* empty sequence */
+    ck_assert_int_eq(kivi_cache_wait(c), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_append_async(c, 0, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    const kivi_status s_bad = kivi_cache_append_async(c, 0, 1, &seq, &n2, bad, v + (size_t)n1 * st, KIVI_F32,
+                                                      KIVI_MEM_HOST);
+    ck_assert_int_eq(s_bad, info.on_gpu ? KIVI_OK : KIVI_ERR_NONFINITE);
+    ck_assert_int_eq(kivi_cache_append_async(c, 0, 1, &seq, &n3, k + (size_t)(n1 + n2) * st,
+                                             v + (size_t)(n1 + n2) * st, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_attention_decode_async(c, 0, 1, &seq, HQ, q, 0.125f, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    const kivi_status reported = variant == 0 ? kivi_cache_wait(c)
+                                              : kivi_cache_append(c, 0, 1, &seq, &n3, k, v, KIVI_F32, KIVI_MEM_HOST);
+    ck_assert_int_eq(reported, info.on_gpu ? KIVI_ERR_NONFINITE : KIVI_OK);
+    if (!info.on_gpu && variant == 1) /* that sync append did take place on the host: undo it by reference */
+      ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n3, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_wait(c), KIVI_OK); /* reported once */
+    snapshot a = snap(c), b = snap(ref);
+    same(&a, &b);
+    free(a.bytes);
+    free(b.bytes);
+    kivi_cache_destroy(c);
+    kivi_cache_destroy(ref);
+  }
+  printf("run-time error: %s; cache as before the failed append\n",
+         info.on_gpu ? "reported by the wait (and by a synchronous call)" : "reported by the call (host: synchronous)");
+  free(k);
+  free(v);
+  free(bad);
+  kivi_context_destroy(ctx);
+}
+END_TEST
+
+/* The caller's own tasks ordered through kivi_cache_dependence: a task that fills q on the
+ * device (late), the enqueued decode reading it, a task that copies the output back. */
+START_TEST(caller_dependence) {
+  kivi_context *ctx = tu_context();
+  kivi_context_info info;
+  ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
+  if (!info.on_gpu) {
+    printf("caller dependence: host context (the _async calls are synchronous): skipped\n");
+    kivi_context_destroy(ctx);
+    return;
+  }
+  const geom *g = &GEOMS[0];
+  kivi_cache *c = geom_cache(ctx, g);
+  const int seq = 0, n = 3000, D = g->D;
+  float *k = tu_random((size_t)n * g->H * D, 7, 1.0f), *v = tu_random((size_t)n * g->H * D, 8, 1.0f);
+  float *q = tu_random((size_t)HQ * D, 9, 1.0f);
+  float want[HQ * 128], got[HQ * 128];
+  ck_assert_int_eq(kivi_cache_append(c, 0, 1, &seq, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &seq, HQ, q, 0.125f, want, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  void *qd = NULL, *od = NULL;
+  ck_assert_int_eq(kivi_context_alloc(ctx, (size_t)HQ * D * 4, &qd), KIVI_OK);
+  ck_assert_int_eq(kivi_context_alloc(ctx, (size_t)HQ * D * 4, &od), KIVI_OK);
+  for (int i = 0; i < HQ * D; ++i) got[i] = -1.0f;
+  ck_assert_int_eq(kivi_context_upload(ctx, qd, got, (size_t)HQ * D * 4), KIVI_OK); /* q = garbage for now */
+  char *d = kivi_cache_dependence(c);
+  ck_assert_ptr_nonnull(d);
+  kivi_status copy_in = KIVI_ERR_ARG, copy_out = KIVI_ERR_ARG;
+  kivi_status st = KIVI_OK;
+#pragma omp task depend(out : d[0]) shared(copy_in)
+  {
+    const struct timespec ts = {0, 50 * 1000 * 1000}; /* late: the decode must wait for it */
+    nanosleep(&ts, NULL);
+    copy_in = kivi_context_upload(ctx, qd, q, (size_t)HQ * D * 4);
+  }
+  st = kivi_attention_decode_async(c, 0, 1, &seq, HQ, qd, 0.125f, od, KIVI_F32, KIVI_MEM_DEVICE);
+#pragma omp task depend(in : d[0]) shared(copy_out, got)
+  copy_out = kivi_context_download(ctx, got, od, (size_t)HQ * D * 4);
+#pragma omp taskwait
+  ck_assert_int_eq(st, KIVI_OK);
+  ck_assert_int_eq(kivi_cache_wait(c), KIVI_OK);
+  ck_assert_int_eq(copy_in, KIVI_OK);
+  ck_assert_int_eq(copy_out, KIVI_OK);
+  ck_assert_int_eq(memcmp(got, want, (size_t)HQ * D * 4), 0);
+  printf("caller dependence: its q task ran before the enqueued decode, its copy task after\n");
+  kivi_context_free(ctx, qd);
+  kivi_context_free(ctx, od);
+  free(k);
+  free(v);
+  free(q);
+  kivi_cache_destroy(c);
+  kivi_context_destroy(ctx);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("async");
+  TCase *t = tcase_create("async");
+  tcase_set_timeout(t, 1200);
+  tcase_add_loop_test(t, async_equals_sync, 0, (int)(sizeof GEOMS / sizeof GEOMS[0]));
+  tcase_add_test(t, interleaved_caches);
+  tcase_add_test(t, error_reported_by_wait);
+  tcase_add_test(t, caller_dependence);
+  suite_add_tcase(s, t);
+  return tu_run(s);
+}

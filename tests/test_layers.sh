@@ -1,0 +1,7 @@
+#!/bin/sh
+# examples/kivi_layers on a small stack: the synchronous and asynchronous runs of the same decode
+# steps must give bit-identical outputs (the example's exit status says so).
+set -eu
+b=${top_builddir:-.}
+"$b/examples/kivi_layers${EXEEXT:-}" --layers 3 --heads 8 --kv-heads 2 --head-dim 64 --context 300 --steps 3
+"$b/examples/kivi_layers${EXEEXT:-}" --layers 2 --heads 8 --kv-heads 8 --head-dim 128 --context 700 --steps 2 --bits 2
