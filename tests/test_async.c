@@ -254,7 +254,7 @@ START_TEST(caller_dependence) {
   }
   const geom *g = &GEOMS[0];
   kivi_cache *c = geom_cache(ctx, g);
-  const int seq = 0, n = 3000, D = g->D;
+  const int seq = 0, n = 2000, D = g->D;
   float *k = tu_random((size_t)n * g->H * D, 7, 1.0f), *v = tu_random((size_t)n * g->H * D, 8, 1.0f);
   float *q = tu_random((size_t)HQ * D, 9, 1.0f);
   float want[HQ * 128], got[HQ * 128];
