@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv,n
 pass=0; fail=0
 for t in examples/kivi_hello tests/test_version tests/test_context tests/test_half tests/test_layout \
          tests/test_cache tests/test_conformance tests/test_attention tests/test_checkpoint tests/test_threads tests/test_gguf \
-         tests/test_async tests/test_layers.sh tests/test_model_run.sh; do
+         tests/test_async tests/test_layers.sh tests/test_multi_device.sh tests/test_model_run.sh; do
   echo "=== $t"
   case $t in *.sh) cmd="sh $t" ;; *) cmd="$b/$t" ;; esac
   timeout 900 $cmd > "$out/$(basename $t).log" 2>&1; rc=$?

@@ -11,6 +11,8 @@
 /* Full unrolling of the per-channel loops of an item (bits is a constant at every call), so
  * the item's per-channel arrays live in registers on the GPU. */
 #define KIVI_UNROLL16 _Pragma("GCC unroll 16")
+/* Partial unrolling of the loops over a group's G values: 8 loads in flight per thread. */
+#define KIVI_UNROLL8 _Pragma("GCC unroll 8")
 
 #pragma omp declare target
 /* code = clamp(floor((x - zero) / scale + 1/2), 0, 2^b - 1) with the stored fp16 scale/zero;
@@ -95,6 +97,7 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
   }
   const int cpw = 32 / bits;
   float mn = INFINITY, mx = -INFINITY;
+  KIVI_UNROLL8
   for (int c = 0; c < G; ++c) {
     const float f = kivi_f16_to_f32(x[c]);
     mn = fminf(mn, f);
