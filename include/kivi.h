@@ -18,6 +18,14 @@
  * Threading: a kivi_context may be shared by any number of threads and caches (it is immutable
  * after creation).  A kivi_cache must be used by one thread at a time; distinct caches may be
  * used concurrently from different threads.
+ *
+ * Devices: a context is bound at creation to one device (or the host), and every cache created
+ * from it lives there: its memory, its kernels and the work it enqueues; KIVI_MEM_DEVICE pointers
+ * given to it must be memory of that device.  For several GPUs in one process create one context
+ * per device (kivi_context_create(&ctx, n), 0 <= n < num_devices) and caches on each; caches on
+ * different devices share nothing and may be used concurrently, typically one host thread per
+ * device.  Results of caches on different devices (e.g. kv-heads split across GPUs or MPI ranks)
+ * are combined by the caller: examples/kivi_multi_device.c, examples/mpi/kivi_mpi_heads.c.
  */
 #ifndef KIVI_H
 #define KIVI_H

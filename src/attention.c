@@ -176,17 +176,9 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const int nteams = on_gpu ? (int)(nitems < 65536 ? nitems : 65536) : omp_get_max_threads();
   const int nthreads = on_gpu ? KIVI_ATT_NT : 1;
 
-  char *dep = c->dep;
-  (void)dep; /* named only in depend clauses */
-  if (async) {
-#define KIVI_REGION_ASYNC nowait depend(inout : dep[0])
-#include "attention_portable.inc"
-#undef KIVI_REGION_ASYNC
-  } else {
-#define KIVI_REGION_ASYNC
-#include "attention_portable.inc"
-#undef KIVI_REGION_ASYNC
-  }
+#define KIVI_REGION_FILE "attention_portable.inc"
+#include "region_twice.inc"
+#undef KIVI_REGION_FILE
 
   c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 ? KIVI_KERNEL_GPU_F16X2 : 0u);
   return KIVI_OK;

@@ -128,17 +128,9 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
                vsz_off = c->lay.vsz_off;
   const int nblk = rows * HQ * nf, dev = c->ctx->device;
   if (nblk <= 0) return;
-  char *dep = c->dep;
-  (void)dep; /* named only in depend clauses */
-  if (async) {
-#define KIVI_REGION_ASYNC nowait depend(inout : dep[0])
-#include "attention_fast.inc"
-#undef KIVI_REGION_ASYNC
-  } else {
-#define KIVI_REGION_ASYNC
-#include "attention_fast.inc"
-#undef KIVI_REGION_ASYNC
-  }
+#define KIVI_REGION_FILE "attention_fast.inc"
+#include "region_twice.inc"
+#undef KIVI_REGION_FILE
 }
 
 #else /* no offload: never eligible */

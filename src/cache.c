@@ -300,17 +300,9 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   uint16_t *kst = (uint16_t *)(base + head + raw), *vst = (uint16_t *)(base + head + raw + f16);
   const int64_t n_kb = kb, n_vq = vq;
 
-  char *dep = c->dep;
-  (void)dep; /* named only in depend clauses */
-  if (async) {
-#define KIVI_REGION_ASYNC nowait depend(inout : dep[0])
-#include "cache_append.inc"
-#undef KIVI_REGION_ASYNC
-  } else {
-#define KIVI_REGION_ASYNC
-#include "cache_append.inc"
-#undef KIVI_REGION_ASYNC
-  }
+#define KIVI_REGION_FILE "cache_append.inc"
+#include "region_twice.inc"
+#undef KIVI_REGION_FILE
 
   if (async) { /* the wait checks the flag and undoes this append if it failed */
     for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
