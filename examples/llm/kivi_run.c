@@ -454,6 +454,7 @@ static int cmd_generate(options *o) {
   }
   const double t2 = now_s();
   printf("\n");
+  fflush(stdout);
   if (st) {
     fprintf(stderr, "kivi-run: %s\n", kivi_status_string(st));
     goto out_free;
