@@ -292,6 +292,8 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *     caller creates with depend(out: d[0]) (say, a kernel writing q) runs before the library's
  *     later enqueued work; one with depend(in: d[0]) (reading an output) after the earlier one.
  *     OpenMP orders only sibling tasks: enqueue, name the dependence and wait from one thread.
+ *   - Lengths and statistics (kivi_cache_seq_length, kivi_cache_get_stats) count an enqueued
+ *     append at once; a failed one is taken back by the wait that reports it.
  *   - On a host context (and in builds without offload) the _async calls run synchronously and
  *     return the call's status; kivi_cache_wait then has nothing to wait for.
  * Enqueued work holds scratch memory; a call that needs more than the cache has waits for the
