@@ -2,7 +2,7 @@
  * same run, append/quantize throughput, and the memory table.
  *
  *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
- *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N]
+ *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS]
  *
  * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
  * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
@@ -10,7 +10,10 @@
  * call is synchronous, so this is the GPU time as a caller sees it, launch overhead included).
  * bytes_read is what the step must read: the packed cache of the batch (codes, scales/zeros,
  * fp16 residuals).  rel_err_vs_ref compares sequence 0 with a double-precision reference on
- * the dequantized cache.  --quick: small shapes for CI on the host.  --sweep adds step time vs
+ * the dequantized cache.  --stack LAYERS: also the wall time per step of a whole layer stack
+ * (append + decode on every layer, 32 heads x 128, context 4096, batch 1 and 8), with the
+ * synchronous calls and with the asynchronous ones (one wait per step).  --quick: small shapes
+ * for CI on the host.  --sweep adds step time vs
  * context length (B = 1, 32 heads, S = 1k .. 64k; 1k .. 4k with --quick) for fp16, 2-bit and
  * 4-bit, the data of scripts/plot_bench.py. */
 #include <math.h>
@@ -21,6 +24,7 @@
 
 #include "../tests/ref/kivi_ref.h"
 #include "kivi.h"
+#include "../examples/kivi_stack.h"
 
 #define TRY(call)                                                                          \
   do {                                                                                     \
@@ -158,7 +162,7 @@ static double check_seq0(const kivi_cache *c, int H, int HQ, int D, int S, int k
 
 int main(int argc, char **argv) {
   const char *json_path = NULL;
-  int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, skip_decode = 0, sweep = 0;
+  int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, skip_decode = 0, sweep = 0, stack_layers = 0;
   shape one = {0, 0, 0};
   int kv_heads = 0; /* --kv-heads: GQA, query heads = H of the shape */
   for (int i = 1; i < argc; ++i) {
@@ -172,11 +176,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--sweep")) sweep = 1;
     else if (!strcmp(argv[i], "--skip-decode")) skip_decode = 1;
     else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) kv_heads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--stack") && i + 1 < argc) stack_layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[++i], "%d,%d,%d", &one.B, &one.H, &one.S) == 3 &&
              one.B > 0 && one.H > 0 && one.S > 0) {
     }
     else {
-      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N]\n");
+      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS]\n");
       return 2;
     }
   }
@@ -348,6 +353,39 @@ int main(int argc, char **argv) {
     kivi_context_free(ctx, dk);
     free(h);
     kivi_cache_destroy(c);
+  }
+  if (stack_layers > 0) { /* a whole decode step: every layer appends and attends */
+    if (js) fprintf(js, "\n  ],\n  \"stack\": [\n");
+    printf("\ndecode step of a %d-layer stack (append + decode per layer, 2-bit, device buffers), median of %d steps\n",
+           stack_layers, reps);
+    printf("%5s %4s %7s | %12s %12s | %7s\n", "B", "H", "S", "sync_us", "async_us", "speedup");
+    first = 1;
+    for (int bi = 0; bi < 2; ++bi) {
+      const stack_shape ss = {stack_layers, quick ? 8 : 32, quick ? 8 : 32, quick ? 64 : 128, bi ? 8 : 1,
+                              quick ? 512 : 4096, reps, 2};
+      stack_inputs in;
+      TRY(stack_inputs_init(&in, ctx, &ss));
+      double med[2], mean[2], *ts = malloc((size_t)reps * sizeof *ts);
+      void *dout;
+      TRY(kivi_context_alloc(ctx, (size_t)ss.layers * ss.batch * ss.HQ * ss.D * 4, &dout));
+      for (int r = 0; r < 2; ++r) {
+        kivi_cache *c = NULL;
+        TRY(stack_cache(&in, &ss, &c));
+        TRY(stack_steps(&in, &ss, c, r, dout, ts));
+        stack_median_mean(ts, reps, &med[r], &mean[r]);
+        kivi_cache_destroy(c);
+      }
+      printf("%5d %4d %7d | %12.1f %12.1f | %6.2fx\n", ss.batch, ss.HQ, ss.context, 1e6 * med[0], 1e6 * med[1],
+             med[0] / med[1]);
+      if (js)
+        fprintf(js, "%s    {\"layers\": %d, \"batch\": %d, \"n_heads\": %d, \"head_dim\": %d, \"context\": %d, "
+                    "\"bits\": 2, \"device\": \"%s\", \"sync_us_per_step\": %.3f, \"async_us_per_step\": %.3f}",
+                first ? "" : ",\n", ss.layers, ss.batch, ss.HQ, ss.D, ss.context, dev, 1e6 * med[0], 1e6 * med[1]);
+      first = 0;
+      kivi_context_free(ctx, dout);
+      free(ts);
+      stack_inputs_free(&in);
+    }
   }
   if (js) fprintf(js, "\n  ],\n  \"memory\": [\n");
 
