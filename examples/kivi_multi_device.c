@@ -6,11 +6,12 @@
  *                     [--context 4096] [--batch 1] [--steps 10] [--bits 2] [--host] [--scaling]
  *                     [--json FILE]
  *
- * Part p runs on device p mod (visible devices), or on host threads (--host, or no GPU).  With
+ * Part p runs on device p mod (visible devices), or on host threads (--host, or no GPU), driven
+ * by a POSIX thread of its own (steps start together at a barrier).  With
  * one GPU every part shares it: the multi-device code path runs, the scaling does not.
  * --scaling: time per step with 1, 2, 4, 8 parts at a fixed total batch x context (strong) and
  * with the context growing with the parts (weak). */
-#include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,31 @@ typedef struct result {
   int ok;
 } result;
 
+typedef struct part_worker {
+  split_part *p;
+  const split_shape *s;
+  kivi_context *ctx;
+  int h0, h1;
+  float *out; /* [layers][batch][its q-heads][D], the last step's */
+  pthread_barrier_t *bar;
+  kivi_status st;
+} part_worker;
+
+static void *part_main(void *arg) {
+  part_worker *w = arg;
+  const split_shape *s = w->s;
+  w->st = split_part_init(w->p, s, w->ctx, w->h0, w->h1);
+  w->out = malloc((size_t)s->layers * s->batch * (w->p->hq1 - w->p->hq0) * s->D * sizeof(float));
+  if (!w->st && !w->out) w->st = KIVI_ERR_NOMEM;
+  pthread_barrier_wait(w->bar);
+  for (int step = 0; step < s->steps; ++step) {
+    pthread_barrier_wait(w->bar);
+    if (!w->st) w->st = split_part_step(w->p, step, w->out);
+    pthread_barrier_wait(w->bar);
+  }
+  return NULL;
+}
+
 /* Runs the shape split in `parts` parts over `ndev` devices (0: host) and, when check, against one
  * part holding every head on the first device.  Returns 0 on success. */
 static int run(const split_shape *s, int parts, int ndev, int check, result *res) {
@@ -52,27 +78,32 @@ static int run(const split_shape *s, int parts, int ndev, int check, result *res
     fprintf(stderr, "kivi_multi_device: context: %s\n", kivi_status_string(st));
     return 1;
   }
-  kivi_status pst[64] = {KIVI_OK};
   if (parts > 64) return 1;
-  /* one host thread per part: create and prefill concurrently */
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
+  /* one host thread per part: create and prefill, then each step between two barriers */
+  part_worker w[64];
+  pthread_t tid[64];
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, (unsigned)parts + 1);
   for (int i = 0; i < parts; ++i) {
-    const int h0 = (int)((long)s->H * i / parts), h1 = (int)((long)s->H * (i + 1) / parts);
-    pst[i] = split_part_init(&p[i], s, ctx[i % nctx], h0, h1);
-    outs[i] = malloc((size_t)s->layers * s->batch * (p[i].hq1 - p[i].hq0) * s->D * sizeof(float));
+    w[i] = (part_worker){&p[i], s, ctx[i % nctx], (int)((long)s->H * i / parts), (int)((long)s->H * (i + 1) / parts),
+                         NULL, &bar, KIVI_OK};
+    pthread_create(&tid[i], NULL, part_main, &w[i]);
   }
-  for (int i = 0; i < parts; ++i)
-    if (pst[i]) st = pst[i];
+  pthread_barrier_wait(&bar); /* every part prefilled */
   double total = 0;
-  for (int step = 0; step < s->steps && !st; ++step) {
+  for (int step = 0; step < s->steps; ++step) {
     const double t0 = now_s();
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
-    for (int i = 0; i < parts; ++i) pst[i] = split_part_step(&p[i], step, outs[i]);
+    pthread_barrier_wait(&bar); /* go */
+    pthread_barrier_wait(&bar); /* every part done */
     const double dt = now_s() - t0;
     if (step > 0 || s->steps == 1) total += dt; /* step 0 warms up */
-    for (int i = 0; i < parts; ++i)
-      if (pst[i]) st = pst[i];
   }
+  for (int i = 0; i < parts; ++i) {
+    pthread_join(tid[i], NULL);
+    outs[i] = w[i].out;
+    if (w[i].st) st = w[i].st;
+  }
+  pthread_barrier_destroy(&bar);
   res->step_ms = 1e3 * total / (s->steps > 1 ? s->steps - 1 : 1);
   unsigned kernels = 0;
   for (int i = 0; i < parts && !st; ++i) {
