@@ -125,6 +125,22 @@ static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, i
   return p; /* nf, fs and nslots: plan_call */
 }
 
+/* Host input to device memory: a synchronous copy, or (async) a copy the cache keeps until the
+ * wait, uploaded in order.  KIVI_ERR_NOMEM / KIVI_ERR_DEVICE on failure. */
+static kivi_status put_input(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
+  if (!async) return kivi_dev_put(c->ctx, dst, src, bytes) ? KIVI_ERR_DEVICE : KIVI_OK;
+  const void *k = kivi_async_keep_copy(c, src, bytes);
+  if (!k) return KIVI_ERR_NOMEM;
+  kivi_async_put(c, dst, k, bytes);
+  return KIVI_OK;
+}
+
+static int get_output(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
+  if (!async) return kivi_dev_get(c->ctx, dst, src, bytes);
+  kivi_async_get(c, dst, src, bytes);
+  return 0;
+}
+
 /* Shared by decode and extend once the rows are described; q/k_new/v_new/out/lse are device
  * pointers or NULL. */
 static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *hd, const att_plan *pl, int HQ,
@@ -155,13 +171,8 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   int64_t *dd = (int64_t *)scratch;
   float *part_o = (float *)(scratch + pad16((size_t)R_NCOLS * rows * 8));
   float *part_ml = part_o + (size_t)rows * HQ * nslots * D;
-  if (async) {
-    const void *hk = kivi_async_keep_copy(c, hd, (size_t)R_NCOLS * rows * 8);
-    if (!hk) return KIVI_ERR_NOMEM;
-    kivi_async_put(c, dd, hk, (size_t)R_NCOLS * rows * 8);
-  } else if (kivi_dev_put(ctx, dd, hd, (size_t)R_NCOLS * rows * 8)) {
-    return KIVI_ERR_DEVICE;
-  }
+  const kivi_status pst = put_input(c, async, dd, hd, (size_t)R_NCOLS * rows * 8);
+  if (pst) return pst;
   const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
   if (pl->nf > 0)
     kivi_gpu_fast_decode(c, layer, rows, HQ, dd, R_SEQ, R_BEG, pl->fs, pl->nf, (int)nslots, q, qmul, part_o, part_ml,
@@ -222,21 +233,6 @@ static size_t rows_scratch(const kivi_cache *c, int rows, int HQ, const att_plan
   return pad16((size_t)R_NCOLS * rows * 8) + (size_t)rows * HQ * p->nslots * (c->cfg.head_dim + 2) * 4 + 16;
 }
 
-/* Host input of an enqueued call: a copy the cache keeps until the wait, uploaded in order. */
-static int put_input(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
-  if (!async) return kivi_dev_put(c->ctx, dst, src, bytes);
-  const void *k = kivi_async_keep_copy(c, src, bytes);
-  if (!k) return -1;
-  kivi_async_put(c, dst, k, bytes);
-  return 0;
-}
-
-static int get_output(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
-  if (!async) return kivi_dev_get(c->ctx, dst, src, bytes);
-  kivi_async_get(c, dst, src, bytes);
-  return 0;
-}
-
 static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
                                const float *q, float scale, void *out, kivi_dtype out_dtype, kivi_mem mem,
                                int async) {
@@ -265,7 +261,7 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const float *dq = q;
   void *dout = out;
   if (mem == KIVI_MEM_HOST) {
-    if (put_input(c, async, w, q, nq * 4)) { free(hd); return KIVI_ERR_DEVICE; }
+    if ((st = put_input(c, async, w, q, nq * 4))) { free(hd); return st; }
     dq = (const float *)w;
     dout = w + pad16(nq * 4);
   }
@@ -333,10 +329,10 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
     dv = (const float *)p;  p += pad16(nkv * 4);
     dout = (float *)p;      p += pad16(nq * 4);
     dlse = lse ? (float *)p : NULL;
-    if (put_input(c, async, (void *)dq, q, nq * 4) || put_input(c, async, (void *)dk, k_new, nkv * 4) ||
-        put_input(c, async, (void *)dv, v_new, nkv * 4)) {
+    if ((st = put_input(c, async, (void *)dq, q, nq * 4)) || (st = put_input(c, async, (void *)dk, k_new, nkv * 4)) ||
+        (st = put_input(c, async, (void *)dv, v_new, nkv * 4))) {
       free(hd);
-      return KIVI_ERR_DEVICE;
+      return st;
     }
   }
   st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io, async);

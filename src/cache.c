@@ -304,19 +304,16 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
 #include "region_twice.inc"
 #undef KIVI_REGION_FILE
 
-  if (async) { /* the wait checks the flag and undoes this append if it failed */
-    for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
-    ++c->pending;
-    return KIVI_OK;
-  }
   /* 4: the one read-back: was the input finite?  If not, the kernels changed nothing but
-   * block-table entries past the lengths; give the blocks back. */
+   * block-table entries past the lengths; give the blocks back.  (Enqueued: the wait checks
+   * the flag and undoes this append if it failed.) */
   int64_t bad = 0;
-  if (kivi_dev_get(ctx, &bad, flag, sizeof bad) || bad) {
+  if (!async && (kivi_dev_get(ctx, &bad, flag, sizeof bad) || bad)) {
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return bad ? KIVI_ERR_NONFINITE : KIVI_ERR_DEVICE;
   }
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
+  if (async) ++c->pending;
   return KIVI_OK;
 }
 
