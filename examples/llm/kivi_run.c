@@ -164,8 +164,9 @@ static int parse_args(int argc, char **argv, options *o) {
   return 0;
 }
 
-/* The cache setting: --kv, then the overrides. */
-static int cache_setting(const options *o, kivi_cache_config *cfg, char *name, size_t nlen) {
+/* The cache setting: --kv, then the overrides.  *kbits / *vbits: the requested bits (with
+ * --fake-quant the simulated ones; the cache itself then stores fp16). */
+static int cache_setting(const options *o, kivi_cache_config *cfg, char *name, size_t nlen, int *kbits, int *vbits) {
   int kb = 2, vb = 2;
   if (!strcmp(o->kv, "fp16")) kb = vb = 16;
   else if (!strcmp(o->kv, "kivi4")) kb = vb = 4;
@@ -177,8 +178,8 @@ static int cache_setting(const options *o, kivi_cache_config *cfg, char *name, s
   if (o->v_bits > 0) vb = o->v_bits;
   if (o->group > 0) cfg->group = o->group;
   if (o->residual > 0) cfg->residual = o->residual;
-  cfg->k_bits = kb;
-  cfg->v_bits = vb;
+  cfg->k_bits = *kbits = kb;
+  cfg->v_bits = *vbits = vb;
   if (o->fake) {
     snprintf(name, nlen, "fake-quant K%d(%s) V%d(%s) G%d", kb, o->k_per_token ? "token" : "channel", vb,
              o->v_per_channel ? "channel" : "token", cfg->group);
@@ -203,6 +204,7 @@ typedef struct runner {
   char setting[96];
   int kbits, vbits; /* requested (fake-quant: simulated) */
   FILE *json;
+  char path[1024]; /* the model file */
 } runner;
 
 /* --model, else $KIVI_MODEL, else the fetch script's cache. */
@@ -214,17 +216,26 @@ static const char *model_path(const options *o, char *buf, size_t n) {
   return buf;
 }
 
-static int runner_open(runner *r, int max_len) {
-  char err[512], def[1024];
-  const char *path = model_path(&r->o, def, sizeof def);
-  if (gguf_open(path, &r->file, err, sizeof err)) {
-    fprintf(stderr, "kivi-run: %s: %s\n(fetch the model with: sh scripts/fetch-model.sh)\n", path, err);
+/* Maps the model file and loads the weights and the tokenizer. */
+static int runner_open(runner *r) {
+  char err[512];
+  const char *path = model_path(&r->o, r->path, sizeof r->path);
+  if (path != r->path) snprintf(r->path, sizeof r->path, "%s", path);
+  if (gguf_open(r->path, &r->file, err, sizeof err)) {
+    fprintf(stderr, "kivi-run: %s: %s\n(fetch the model with: sh scripts/fetch-model.sh)\n", r->path, err);
     return -1;
   }
   if (llm_model_load(&r->file, &r->model, err, sizeof err) || llm_tokenizer_load(&r->file, &r->tok, err, sizeof err)) {
-    fprintf(stderr, "kivi-run: %s: %s\n", path, err);
+    fprintf(stderr, "kivi-run: %s: %s\n", r->path, err);
     return -1;
   }
+  return 0;
+}
+
+/* The device context, a cache of max_len tokens in the chosen setting, the session; prints the
+ * setup and starts the JSON. */
+static int runner_start(runner *r, int max_len) {
+  const char *path = r->path;
   const llm_model *m = &r->model;
   if (max_len > m->ctx_train) {
     fprintf(stderr, "kivi-run: %d tokens exceed the model's context of %d\n", max_len, m->ctx_train);
@@ -236,9 +247,7 @@ static int runner_open(runner *r, int max_len) {
     return -1;
   }
   kivi_cache_config_init(&r->cfg, m->n_layers, m->n_kv_heads, m->head_dim, 1, max_len);
-  if (cache_setting(&r->o, &r->cfg, r->setting, sizeof r->setting)) return -1;
-  r->kbits = r->o.k_bits > 0 ? r->o.k_bits : !strcmp(r->o.kv, "fp16") ? 16 : !strcmp(r->o.kv, "kivi4") ? 4 : 2;
-  r->vbits = r->o.v_bits > 0 ? r->o.v_bits : !strcmp(r->o.kv, "fp16") ? 16 : !strcmp(r->o.kv, "kivi4") ? 4 : 2;
+  if (cache_setting(&r->o, &r->cfg, r->setting, sizeof r->setting, &r->kbits, &r->vbits)) return -1;
   if ((st = kivi_cache_create(r->ctx, &r->cfg, &r->cache))) {
     fprintf(stderr, "kivi-run: cache (%s): %s\n", r->setting, kivi_status_string(st));
     return -1;
@@ -375,10 +384,8 @@ static char *prompt_text(const options *o, size_t *n) {
   return t;
 }
 
-/* Tokenizes the prompt with the file's tokenizer alone (before the model is loaded, so that the
- * cache can be sized): the chat template unless raw. */
-static int tokenize_prompt(const options *o, const char *text, size_t n, int raw, int **ids, size_t *nids,
-                           size_t *cap) {
+/* Tokenizes text with the file's tokenizer alone (the weights are not loaded), no template. */
+static int tokenize_raw(const options *o, const char *text, size_t n, int **ids, size_t *nids, size_t *cap) {
   gguf_file f;
   char err[512], def[1024];
   llm_tokenizer *tok = NULL;
@@ -388,7 +395,7 @@ static int tokenize_prompt(const options *o, const char *text, size_t n, int raw
     gguf_close(&f);
     return -1;
   }
-  const int rc = raw ? llm_tokenize(tok, text, n, 0, ids, nids, cap) : llm_chat_prompt(tok, o->system, text, ids, nids, cap);
+  const int rc = llm_tokenize(tok, text, n, 0, ids, nids, cap);
   llm_tokenizer_free(tok);
   gguf_close(&f);
   return rc;
@@ -399,7 +406,7 @@ static int cmd_tokenize(options *o) {
   size_t plen = 0, n = 0, cap = 0;
   int *ids = NULL;
   char *ptext = prompt_text(o, &plen);
-  if (!ptext || tokenize_prompt(o, ptext, plen, 1, &ids, &n, &cap)) {
+  if (!ptext || tokenize_raw(o, ptext, plen, &ids, &n, &cap)) {
     free(ptext);
     return 1;
   }
@@ -418,17 +425,16 @@ static int cmd_generate(options *o) {
   runner r = {.o = *o};
   int rc = 1, *ids = NULL;
   size_t n = 0, cap = 0;
-  /* the cache must hold the prompt and the reply: tokenize first */
-  if (tokenize_prompt(o, ptext, plen, o->raw, &ids, &n, &cap)) {
-    free(ptext);
-    free(ids);
-    return 1;
-  }
+  /* the cache must hold the prompt and the reply: tokenize first (the chat template unless raw) */
+  if (runner_open(&r)) goto out;
+  if (o->raw ? llm_tokenize(r.tok, ptext, plen, 0, &ids, &n, &cap)
+             : llm_chat_prompt(r.tok, o->system, ptext, &ids, &n, &cap))
+    goto out;
   if (n == 0) {
     fprintf(stderr, "kivi-run: empty prompt\n");
     goto out;
   }
-  if (runner_open(&r, (int)n + max_new)) goto out;
+  if (runner_start(&r, (int)n + max_new)) goto out;
   const int V = r.model.n_vocab, eos = llm_tokenizer_eos(r.tok);
   float *logits = malloc((size_t)V * sizeof *logits);
   char *text = malloc(64 * (size_t)max_new + 64);
@@ -491,7 +497,7 @@ static int cmd_ppl(options *o) {
     fprintf(stderr, "kivi-run: cannot read %s\n", o->text_file);
     return 1;
   }
-  if (runner_open(&r, o->ctx)) goto out;
+  if (runner_open(&r) || runner_start(&r, o->ctx)) goto out;
   if (llm_tokenize(r.tok, text, tlen, 0, &ids, &n, &cap)) goto out;
   const size_t total = o->max_tokens > 0 && (size_t)o->max_tokens < n ? (size_t)o->max_tokens : n;
   const int windows = (int)(total / (size_t)o->ctx);
@@ -622,7 +628,7 @@ static int cmd_passkey(options *o) {
   int rc = 1, *ids = NULL;
   size_t n = 0, cap = 0;
   float *logits = NULL;
-  if (runner_open(&r, maxlen + ANSWER_TOKENS + 8)) goto out;
+  if (runner_open(&r) || runner_start(&r, maxlen + ANSWER_TOKENS + 8)) goto out;
   const int V = r.model.n_vocab;
   logits = malloc((size_t)V * sizeof *logits);
   if (!logits) goto out;
