@@ -4,13 +4,13 @@
  *
  *   kivi_multi_device [--parts N] [--layers 32] [--heads 32] [--kv-heads 32] [--head-dim 128]
  *                     [--context 4096] [--batch 1] [--steps 10] [--bits 2] [--host] [--scaling]
- *                     [--json FILE]
+ *                     [--max-parts 8] [--json FILE]
  *
  * Part p runs on device p mod (visible devices), or on host threads (--host, or no GPU), driven
  * by a POSIX thread of its own (steps start together at a barrier).  With
  * one GPU every part shares it: the multi-device code path runs, the scaling does not.
- * --scaling: time per step with 1, 2, 4, 8 parts at a fixed total batch x context (strong) and
- * with the context growing with the parts (weak). */
+ * --scaling: time per step with 1, 2, 4, ... --max-parts parts at a fixed total batch x context
+ * (strong) and with the context growing with the parts (weak). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,7 +155,7 @@ static int run(const split_shape *s, int parts, int ndev, int check, result *res
 
 int main(int argc, char **argv) {
   split_shape s = {32, 32, 32, 128, 1, 4096, 10, 2};
-  int parts = 0, host = 0, scaling = 0;
+  int parts = 0, host = 0, scaling = 0, max_parts = 8;
   const char *json = NULL;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -163,17 +163,20 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--scaling")) { scaling = 1; continue; }
     int *iv = !strcmp(a, "--parts") ? &parts : !strcmp(a, "--layers") ? &s.layers : !strcmp(a, "--heads") ? &s.HQ
             : !strcmp(a, "--kv-heads") ? &s.H : !strcmp(a, "--head-dim") ? &s.D : !strcmp(a, "--context") ? &s.context
-            : !strcmp(a, "--batch") ? &s.batch : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits : NULL;
+            : !strcmp(a, "--batch") ? &s.batch : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits
+            : !strcmp(a, "--max-parts") ? &max_parts : NULL;
     if (!v || (!iv && strcmp(a, "--json"))) {
       fprintf(stderr, "usage: kivi_multi_device [--parts N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]\n"
-                      "  [--context N] [--batch N] [--steps N] [--bits B] [--host] [--scaling] [--json FILE]\n");
+                      "  [--context N] [--batch N] [--steps N] [--bits B] [--host] [--scaling] [--max-parts N]\n"
+                      "  [--json FILE]\n");
       return 2;
     }
     ++i;
     if (iv) *iv = atoi(v);
     else json = v;
   }
-  if (s.layers < 1 || s.H < 1 || s.HQ % s.H || s.batch < 1 || s.batch > 256 || s.steps < 1 || s.context < 1) {
+  if (s.layers < 1 || s.H < 1 || s.HQ % s.H || s.batch < 1 || s.batch > 256 || s.steps < 1 || s.context < 1 ||
+      max_parts < 1 || max_parts > 64) {
     fprintf(stderr, "kivi_multi_device: bad sizes\n");
     return 2;
   }
@@ -202,7 +205,7 @@ int main(int argc, char **argv) {
     printf("%-7s %6s %8s %9s %12s %14s\n", "mode", "parts", "devices", "context", "ms/step", "device MB");
     int first = 1;
     for (int mode = 0; mode < 2; ++mode)
-      for (int n = 1; n <= 8 && n <= s.H; n *= 2) {
+      for (int n = 1; n <= max_parts && n <= s.H; n *= 2) {
         split_shape t = s;
         if (mode == 1) t.context = s.context * n; /* weak: the context grows with the parts */
         result r;

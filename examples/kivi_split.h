@@ -35,6 +35,9 @@ static inline float split_value(unsigned tensor, int layer, long token, int head
 static inline void split_fill(float *dst, unsigned tensor, int layer, int batch, long t0, long n, int h0, int h1,
                               int D) {
   const int nh = h1 - h0;
+#ifdef _OPENMP /* a prefill of long contexts: host threads (the values do not depend on them) */
+#pragma omp parallel for collapse(2) schedule(static) if ((long)batch * n > 1024)
+#endif
   for (int b = 0; b < batch; ++b)
     for (long t = 0; t < n; ++t)
       for (int h = h0; h < h1; ++h)
