@@ -61,7 +61,7 @@ void kivi_async_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t b
   unsigned char *d = dst_dev;
   const unsigned char *s = src_host;
   const int64_t n = (int64_t)bytes;
-#pragma omp target teams distribute parallel for device(dev) nowait depend(inout : dep[0]) map(to : s[0:bytes]) \
+#pragma omp target teams distribute parallel for device(dev) KIVI_LOOP_TEAMS nowait depend(inout : dep[0]) map(to : s[0:bytes]) \
     is_device_ptr(d)
   for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }
@@ -73,7 +73,7 @@ void kivi_async_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t b
   unsigned char *d = dst_host;
   const unsigned char *s = src_dev;
   const int64_t n = (int64_t)bytes;
-#pragma omp target teams distribute parallel for device(dev) nowait depend(inout : dep[0]) map(from : d[0:bytes]) \
+#pragma omp target teams distribute parallel for device(dev) KIVI_LOOP_TEAMS nowait depend(inout : dep[0]) map(from : d[0:bytes]) \
     is_device_ptr(s)
   for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }

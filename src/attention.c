@@ -7,8 +7,8 @@
  * team-shared memory, takes one softmax over them, and writes a partial (o, m, l) per query
  * head.  The last item of each (row, kv-head, head chunk) to finish (an atomic counter per
  * group, reset by that item) combines the group's splits in the same launch: one launch per
- * step, two with the GPU fast path (attention_gpu.c), which runs first and fills the first
- * partial slots.
+ * step.  With the GPU fast path (attention_gpu.c) a decode call is that kernel alone (it also
+ * combines); an extend call runs it first for the first partial slots, then the portable one.
  *
  * Manifest (device memory):
  *   pool, bt, kres, vres   the cache (cache.c)
@@ -17,7 +17,8 @@
  *   out    [rows][HQ][D] f32 or f16           lse [rows][HQ] f32 (optional)
  *   dd     [5][rows] int64: seq, Lc, e, first new token of the row's sequence, first token of
  *          the portable kernel (after the fast path's share)
- *   cnt    [rows][H][head chunks] u32 arrival counters, zero between calls */
+ *   cnt    [rows][H][head chunks] u32 arrival counters, zero between calls ([rows][HQ] for
+ *          the fused fast kernel) */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -70,37 +71,14 @@ static inline float kivi_team_reduce(float v, int is_max, float *red, int tid, i
 }
 #pragma omp end declare target
 
-#pragma omp declare target
-/* Element i of the output ([rows][HQ][D]): out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s
- * over the nslots partials of its (row, head); empty splits (l = 0) leave o unwritten. */
-static inline void combine_item(int64_t i, int D, int64_t nslots, const float *part_o, const float *part_ml,
-                                void *out, int out_f16, float *lse) {
-  const int64_t rh = i / D;
-  const int d = (int)(i % D);
-  const float *ml = part_ml + (size_t)rh * nslots * 2;
-  float M = -INFINITY;
-  for (int64_t s = 0; s < nslots; ++s) M = fmaxf(M, ml[2 * s]);
-  float num = 0.0f, den = 0.0f;
-  for (int64_t s = 0; s < nslots; ++s)
-    if (ml[2 * s + 1] > 0.0f) {
-      const float w = exp2f(ml[2 * s] - M);
-      num += w * part_o[((size_t)rh * nslots + s) * D + d];
-      den += w * ml[2 * s + 1];
-    }
-  const float o = num / den;
-  if (out_f16) ((uint16_t *)out)[i] = kivi_f32_to_f16(o);
-  else ((float *)out)[i] = o;
-  if (lse && d == 0) lse[rh] = (M + log2f(den)) * 0.6931471805599453f;
-}
-#pragma omp end declare target
-
 /* Heads per item and tokens per split: the split's logits of all the item's heads must fit in
  * KIVI_ATT_PCAP, and there must be enough items to fill the device. */
 typedef struct att_plan {
   int hc, nqc;
   int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
   int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
-  int64_t nslots;                    /* partials per (row, head): nf + nsplit */
+  int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
+  int64_t nslots;                    /* partials per (row, head): nf + nsplit, or nf + 1 fused */
 } att_plan;
 
 static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, int on_gpu) {
@@ -153,8 +131,10 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const int64_t nsplit = pl->nsplit, split_len = pl->split_len, nitems = pl->nitems;
   const int64_t nslots = pl->nslots, slot0 = pl->nf;
 
-  /* per-group arrival counters, zero between calls (the last item resets its own) */
-  const int64_t ngroups = (int64_t)rows * H * nqc;
+  /* per-group arrival counters, zero between calls (the last item resets its own); the fused
+   * fast kernel counts per (row, query head) */
+  int64_t ngroups = (int64_t)rows * H * nqc;
+  if (pl->fused && (int64_t)rows * HQ > ngroups) ngroups = (int64_t)rows * HQ;
   if ((size_t)ngroups * 4 > c->cnt.bytes) {
     if (kivi_async_reserve(c, &c->cnt, (size_t)ngroups * 4)) return KIVI_ERR_NOMEM;
     unsigned *zeros = calloc((size_t)ngroups, 4);
@@ -171,12 +151,21 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   int64_t *dd = (int64_t *)scratch;
   float *part_o = (float *)(scratch + pad16((size_t)R_NCOLS * rows * 8));
   float *part_ml = part_o + (size_t)rows * HQ * nslots * D;
-  const kivi_status pst = put_input(c, async, dd, hd, (size_t)R_NCOLS * rows * 8);
-  if (pst) return pst;
+  /* the descriptor: uploaded for the portable kernel, copied in with the fast kernel's launch */
+  const size_t ddn = (size_t)R_NCOLS * rows;
+  if (nitems > 0) {
+    const kivi_status pst = put_input(c, async, dd, hd, ddn * 8);
+    if (pst) return pst;
+  }
   const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
-  if (pl->nf > 0)
-    kivi_gpu_fast_decode(c, layer, rows, HQ, dd, R_SEQ, R_BEG, pl->fs, pl->nf, (int)nslots, q, qmul, part_o, part_ml,
-                         async);
+  if (pl->nf > 0 || pl->fused) {
+    const int64_t *hdk = async ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
+    if (!hdk) return KIVI_ERR_NOMEM;
+    kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots, q,
+                         qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async);
+  }
+  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 || pl->fused ? KIVI_KERNEL_GPU_F16X2 : 0u);
+  if (nitems == 0) return KIVI_OK;
 
   const unsigned char *pool = c->pool;
   const int32_t *bt = c->bt;
@@ -190,15 +179,14 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
 #define KIVI_REGION_FILE "attention_portable.inc"
 #include "region_twice.inc"
 #undef KIVI_REGION_FILE
-
-  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 ? KIVI_KERNEL_GPU_F16X2 : 0u);
   return KIVI_OK;
 }
 
 /* Fills R_BEG (tokens the GPU fast path takes) and plans the portable kernel for the rest.
  * The fast path covers floor(max(0, Lc - R) / KIVI_FAST_GRAIN) grains of a row, where its keys
- * and values are both quantized. */
-static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ) {
+ * and values are both quantized; in a decode call (no new tokens) it also takes the rest of
+ * every row and the combine, and the portable kernel does not run. */
+static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int decode) {
   const int fast = kivi_gpu_fast_eligible(c), R = c->cfg.residual;
   int64_t maxbeg = 0, maxT = 0;
   for (int r = 0; r < rows; ++r) {
@@ -214,7 +202,9 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ) {
   att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
   p.fs = fs;
   p.nf = (int)((maxbeg + fs - 1) / fs);
-  p.nslots = p.nf + p.nsplit;
+  p.fused = fast && decode;
+  if (p.fused) p.nsplit = p.nitems = 0;
+  p.nslots = p.nf + (p.fused ? 1 : p.nsplit);
   return p;
 }
 
@@ -252,7 +242,7 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t D = (size_t)c->cfg.head_dim, nq = (size_t)n_seqs * n_q_heads * D;
   const size_t osz = out_dtype == KIVI_F16 ? 2 : 4;
   const size_t host_io = mem == KIVI_MEM_HOST ? pad16(nq * 4) + pad16(nq * osz) : 0;
-  const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads);
+  const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads, 1);
   if (kivi_async_reserve(c, &c->work, host_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
@@ -314,7 +304,7 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t D = (size_t)c->cfg.head_dim, H = (size_t)c->cfg.n_kv_heads;
   const size_t nq = (size_t)rows * n_q_heads * D, nkv = (size_t)rows * H * D, nl = (size_t)rows * n_q_heads;
   const size_t host_io = mem == KIVI_MEM_HOST ? 2 * pad16(nq * 4) + 2 * pad16(nkv * 4) + pad16(nl * 4) : 0;
-  const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads);
+  const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads, 0);
   if (kivi_async_reserve(c, &c->work, host_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;

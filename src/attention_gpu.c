@@ -1,9 +1,11 @@
-/* GPU fast path of the fused attention: one CUDA-like `ompx_bare` kernel per step for the
- * quantized part of 2-bit, head_dim 128, G = 32 caches (the paper's default configuration).
- * It covers the first Lf = floor(max(0, Lc - R) / KIVI_FAST_GRAIN) * KIVI_FAST_GRAIN tokens of
- * each row (there keys and values are both quantized) in splits of up to KIVI_FAST_SPLIT; the
- * portable kernel (attention.c) does the rest (the fp16 windows, new tokens, < 32 quantized
- * tokens) and the combine.  It is the design measured in
+/* GPU fast path of the fused attention: one CUDA-like `ompx_bare` kernel for 2-bit, head_dim
+ * 128, G = 32 caches (the paper's default configuration).  It covers the first
+ * Lf = floor(max(0, Lc - R) / KIVI_FAST_GRAIN) * KIVI_FAST_GRAIN tokens of each row (there keys
+ * and values are both quantized) in splits of up to KIVI_FAST_SPLIT.  In a decode call
+ * ("fused") one more block per (row, head) takes the rest, [Lf, Lc): its quantized key groups
+ * and values the same way, the fp16 windows in fp32, and the last block of each (row, head) to
+ * finish combines the partials, so the whole call is one launch.  Otherwise (extend) the
+ * portable kernel (attention.c) does the rest and the combine.  It is the design measured in
  * ../shared/research/omp-spike.md (variant K), adapted to the library's packed layout:
  *
  *  - f16x2 dequant-dot: a 2-bit code pair masked out of its word *is* an f16x2 of two
@@ -21,6 +23,7 @@
 #include "config.h"
 
 #include "internal.h"
+#include "kernels_attn.h"
 
 #if KIVI_HAVE_OFFLOAD && defined(__clang__)
 #include <math.h>
@@ -33,10 +36,13 @@
 #define FKU 4   /* K groups per warp iteration, loads first */
 #define FVU 8   /* V tokens per lane, loads first */
 #define FVR 8   /* V tokens per f16 run */
+#define FTU 4   /* fp16 key rounds of 4 tokens per warp in flight (tail block) */
 #define FD 128
 _Static_assert(KIVI_FAST_GRAIN == 32, "the kernel handles any whole number of 32-token groups");
 _Static_assert(KIVI_FAST_SPLIT / 32 % (FNW * FKU) == 0, "whole K rounds per warp in a full split");
 _Static_assert(KIVI_FAST_SPLIT / FNW % (8 * FVR) == 0, "whole V runs per lane in a full split");
+_Static_assert(KIVI_MAX_RESIDUAL + KIVI_FAST_GRAIN <= KIVI_FAST_SPLIT, "a tail block's logits fit in s_p");
+_Static_assert(FNT == FD, "the combine gives a thread each channel");
 
 #pragma omp declare target
 static inline float fk_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -84,6 +90,8 @@ static inline float shfx(float v, int o) { return __nvvm_shfl_sync_bfly_f32(0xff
 static inline float fk_ex2(float x) { return __nvvm_ex2_approx_f(x); }
 static inline void fk_sync(void) { __syncthreads(); }
 static inline void fk_wsync(void) { __nvvm_bar_warp_sync(0xffffffffu); }
+static inline void fk_fence(void) { __nvvm_membar_gl(); }
+static inline unsigned fk_arrive(unsigned *p) { return (unsigned)__nvvm_atom_add_gen_i((int *)p, 1); }
 #else
 /* Host stubs: the host pass must see the same region body (same captures) as the device pass;
  * a bare region never runs on the host (the launcher only calls it for a GPU context). */
@@ -100,6 +108,8 @@ static inline float shfx(float v, int o) { (void)o; return v; }
 static inline float fk_ex2(float x) { return exp2f(x); }
 static inline void fk_sync(void) {}
 static inline void fk_wsync(void) {}
+static inline void fk_fence(void) {}
+static inline unsigned fk_arrive(unsigned *p) { return (*p)++; }
 #endif
 static inline float wsum(float v) { for (int o = 16; o; o >>= 1) v += shfx(v, o); return v; }
 static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, shfx(v, o)); return v; }
@@ -112,21 +122,26 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
          f->head_dim == FD && f->group == 32 && R >= 32 && (R & (R - 1)) == 0;
 }
 
-/* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1 of part_o [rows][HQ][nslots][128] and part_ml
- * [rows][HQ][nslots][2] (unnormalized o, max m and sum l in base 2).  dd: the row descriptor
- * (R_SEQ and R_BEG columns).  Slots at or beyond a row's own Lf / KIVI_FAST_SPLIT get l = 0. */
-void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int col_seq,
-                          int col_beg, int fs, int nf, int nslots, const float *q, float qmul, float *part_o,
-                          float *part_ml, int async) {
+/* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
+ * of part_o [rows][HQ][nslots][128] and part_ml [rows][HQ][nslots][2] (unnormalized o, max m
+ * and sum l in base 2).  dd: the row descriptor in host memory, ndd int64 values (R_SEQ, R_BEG
+ * and R_LC columns), copied in with the launch (kept until the wait when async).  Slots at or
+ * beyond a row's own Lf / fs get l = 0.  fused (out != NULL, decode calls): slot nf is the
+ * row's tail [Lf, Lc), nslots = nf + 1, and the kernel combines into out (f32 or f16) with the
+ * arrival counters cnt [rows][HQ] (zero between calls). */
+void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
+                          int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
+                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async) {
   const unsigned char *pool = c->pool;
   const int32_t *bt = c->bt, *vexp = c->vexp;
+  const uint16_t *kres = c->kres, *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, Rm = R - 1;
+  const int gsz = HQ / H, Rm = R - 1, fused = out != NULL, nsf = nf + fused;
   int lr = 0;
   while ((1 << lr) < R) ++lr;
   const size_t sub = c->lay.sub_bytes, ksz_off = c->lay.ksz_off, vcode_off = c->lay.vcode_off,
                vsz_off = c->lay.vsz_off;
-  const int nblk = rows * HQ * nf, dev = c->ctx->device;
+  const int nblk = rows * HQ * nsf, dev = c->ctx->device;
   if (nblk <= 0) return;
 #define KIVI_REGION_FILE "attention_fast.inc"
 #include "region_twice.inc"
@@ -138,10 +153,11 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
   (void)c;
   return 0;
 }
-void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int col_seq,
-                          int col_beg, int fs, int nf, int nslots, const float *q, float qmul, float *part_o,
-                          float *part_ml, int async) {
-  (void)c; (void)layer; (void)rows; (void)HQ; (void)dd; (void)col_seq; (void)col_beg; (void)fs; (void)nf; (void)nslots;
-  (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)async;
+void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
+                          int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
+                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async) {
+  (void)c; (void)layer; (void)rows; (void)HQ; (void)dd; (void)ndd; (void)col_seq; (void)col_beg; (void)col_lc; (void)fs;
+  (void)nf; (void)nslots; (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)cnt; (void)out; (void)out_f16;
+  (void)async;
 }
 #endif

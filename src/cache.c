@@ -299,18 +299,18 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const void *vin = mem == KIVI_MEM_HOST ? (const void *)(base + head + nel * esz) : v;
   uint16_t *kst = (uint16_t *)(base + head + raw), *vst = (uint16_t *)(base + head + raw + f16);
   const int64_t n_kb = kb, n_vq = vq;
+  int64_t flag_out = 0; /* the flag after the kernels (synchronous calls) */
 
 #define KIVI_REGION_FILE "cache_append.inc"
 #include "region_twice.inc"
 #undef KIVI_REGION_FILE
 
-  /* 4: the one read-back: was the input finite?  If not, the kernels changed nothing but
-   * block-table entries past the lengths; give the blocks back.  (Enqueued: the wait checks
-   * the flag and undoes this append if it failed.) */
-  int64_t bad = 0;
-  if (!async && (kivi_dev_get(ctx, &bad, flag, sizeof bad) || bad)) {
+  /* Was the input finite?  If not, the kernels changed nothing but block-table entries past
+   * the lengths; give the blocks back.  (Enqueued: the wait checks the flag and undoes this
+   * append if it failed.) */
+  if (!async && flag_out) {
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
-    return bad ? KIVI_ERR_NONFINITE : KIVI_ERR_DEVICE;
+    return KIVI_ERR_NONFINITE;
   }
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
   if (async) ++c->pending;

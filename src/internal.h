@@ -15,6 +15,18 @@
 #define KIVI_PRAGMA_S(...) _Pragma(#__VA_ARGS__)
 #define KIVI_PRAGMA_X(...) KIVI_PRAGMA_S(__VA_ARGS__)
 
+/* Geometry of the loops that run with the runtime's default launch (append, copies).  LLVM 19's
+ * offload runtime lowers a small loop's launch to 32 threads per team, while the device code
+ * keeps its compiled chunk of 128 iterations per team: 3 of 4 teams then idle and each thread
+ * runs 4 iterations in turn (ncu, H200: a decode step's value quantization took 50 us).  With
+ * thread_limit(32) the chunk and the team size agree for every trip count.  Host-only builds
+ * keep the default (all host threads). */
+#if KIVI_HAVE_OFFLOAD
+#define KIVI_LOOP_TEAMS thread_limit(32)
+#else
+#define KIVI_LOOP_TEAMS
+#endif
+
 /* Team-shared arrays: the allocate directive only in the device pass (gcc rejects it, and on
  * the host fallback an automatic array of the teams region already is one copy per team). */
 #if defined(__NVPTX__) || defined(__AMDGCN__)
@@ -106,13 +118,14 @@ static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
 }
 
 /* GPU f16x2 fast path (attention_gpu.c): tokens [0, Lf) of a row, Lf a multiple of the grain,
- * in splits of up to KIVI_FAST_SPLIT tokens (shorter when there are few rows and heads). */
+ * in splits of up to KIVI_FAST_SPLIT tokens (shorter when there are few rows and heads); in a
+ * decode call also the rest of the row and the combine (out != NULL). */
 #define KIVI_FAST_SPLIT 2048
 #define KIVI_FAST_GRAIN 32
 int kivi_gpu_fast_eligible(const kivi_cache *c);
-void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int col_seq,
-                          int col_beg, int fs, int nf, int nslots, const float *q, float qmul, float *part_o,
-                          float *part_ml, int async);
+void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
+                          int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
+                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async);
 
 /* Export blob size of a (sequence, layer) of length L; import of such a blob (cache.c). */
 size_t kivi_export_size(const kivi_cache *c, int64_t L);

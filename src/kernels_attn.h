@@ -8,6 +8,7 @@
 #ifndef KIVI_KERNELS_ATTN_H
 #define KIVI_KERNELS_ATTN_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "half.h"
@@ -189,6 +190,29 @@ static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btr
     for (int k = 0; k < cpw; ++k) acc[k] += a[k];
     *zacc += z;
   }
+}
+
+/* The split combine of both attention kernels.  Element i of the output ([rows][HQ][D]):
+ *   out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s
+ * over the nslots partials of its (row, head); empty splits (l = 0) count for nothing. */
+static inline void kivi_combine_item(int64_t i, int D, int64_t nslots, const float *part_o, const float *part_ml,
+                                     void *out, int out_f16, float *lse) {
+  const int64_t rh = i / D;
+  const int d = (int)(i % D);
+  const float *ml = part_ml + (size_t)rh * nslots * 2;
+  float M = -INFINITY;
+  for (int64_t s = 0; s < nslots; ++s) M = fmaxf(M, ml[2 * s]);
+  float num = 0.0f, den = 0.0f;
+  for (int64_t s = 0; s < nslots; ++s)
+    if (ml[2 * s + 1] > 0.0f) {
+      const float w = exp2f(ml[2 * s] - M);
+      num += w * part_o[((size_t)rh * nslots + s) * D + d];
+      den += w * ml[2 * s + 1];
+    }
+  const float o = num / den;
+  if (out_f16) ((uint16_t *)out)[i] = kivi_f32_to_f16(o);
+  else ((float *)out)[i] = o;
+  if (lse && d == 0) lse[rh] = (M + log2f(den)) * 0.6931471805599453f;
 }
 #pragma omp end declare target
 
