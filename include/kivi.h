@@ -242,7 +242,8 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 /* Kernels that computed the last successful attention call of a cache (a bit mask), so a caller
  * can tell which code path and accuracy class produced a result. */
 #define KIVI_KERNEL_PORTABLE 1u  /* the portable OpenMP kernel (GPU or host threads), fp32 */
-#define KIVI_KERNEL_GPU_F16X2 2u /* the GPU f16x2 kernel for the quantized part (KIVI_ATTENTION_FAST) */
+#define KIVI_KERNEL_GPU_F16X2 2u /* the GPU f16x2 kernel (KIVI_ATTENTION_FAST, 2-bit, head_dim 128, G 32):
+                                  * a whole decode call, or the quantized part of an extend call */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
 /* Decode: one query token per sequence over everything in the cache for that sequence

@@ -6,6 +6,7 @@
 #   2. every kernel of a 30-layer decode step (kivi_layers, batch 1, context 4096), mean per kernel;
 #   3. stall reasons of the append kernel that quantizes K blocks / V rows (l46).
 # Usage (project root, GPU machine): . .devrt/env.sh; bash scripts/gpu-kernel-times.sh BUILD OUT
+# (SECTIONS="2" runs only the listed sections; default "1 2 3".)
 set -u
 b=$1; out=$2
 ncu=${NCU:-/usr/local/cuda/bin/ncu}
@@ -22,13 +23,20 @@ summ() { awk -F'","' -v key="$1" '
           for (j = 1; j <= m; ++j) { a[j] = v[k, j]; s += a[j] }
           for (x = 1; x <= m; ++x) for (y = x + 1; y <= m; ++y) if (a[y] < a[x]) { t = a[x]; a[x] = a[y]; a[y] = t }
           printf "%-44s launches %4d   median %9.2f us   mean %9.2f us\n", k, m, a[int((m + 1) / 2)], s / m } }'; }
+sections=" ${SECTIONS:-1 2 3} "
+if [[ $sections == *" 1 "* ]]; then
 echo "=== 1. f16x2 decode kernel per kivi-bench shape (grid = rows x heads x slots)"
 $ncu $q -k regex:kivi_gpu_fast_decode "$b/bench/kivi-bench" --skip-append --reps 3 > "$out/ncu_bench.csv" 2> "$out/ncu_bench.err"
 summ grid < "$out/ncu_bench.csv"
+fi
+if [[ $sections == *" 2 "* ]]; then
 echo "=== 2. kernels of a decode step: kivi_layers --steps 2 (30 layers, batch 1, context 4096, 2-bit)"
 $ncu $q "$b/examples/kivi_layers" --steps 2 > "$out/ncu_layers.csv" 2> "$out/ncu_layers.err"
 summ name < "$out/ncu_layers.csv"
+fi
+if [[ $sections == *" 3 "* ]]; then
 echo "=== 3. append l46 stall reasons"
 $ncu --section LaunchStats --section WarpStateStats --section SchedulerStats -k regex:append_impl_l46 --launch-skip 40 \
   --launch-count 1 "$b/examples/kivi_layers" --steps 2 > "$out/ncu_l46.txt" 2>&1
 grep -E "Duration|Block Size|Grid Size|Registers|Stall|Warp Cycles|Issued|Eligible|Active Warps" "$out/ncu_l46.txt" | head -40
+fi

@@ -6,6 +6,10 @@
 
 #include "internal.h"
 
+#if KIVI_HAVE_OFFLOAD
+int kivi_loop_threads = 128; /* internal.h: KIVI_LOOP_TEAMS */
+#endif
+
 /* Where a trivial target region really runs (1 = GPU).  -1 if the region could not run. */
 static int probe_on_gpu(int device) {
   int on_host = -1;

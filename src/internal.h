@@ -15,14 +15,16 @@
 #define KIVI_PRAGMA_S(...) _Pragma(#__VA_ARGS__)
 #define KIVI_PRAGMA_X(...) KIVI_PRAGMA_S(__VA_ARGS__)
 
-/* Geometry of the loops that run with the runtime's default launch (append, copies).  LLVM 19's
- * offload runtime lowers a small loop's launch to 32 threads per team, while the device code
- * keeps its compiled chunk of 128 iterations per team: 3 of 4 teams then idle and each thread
- * runs 4 iterations in turn (ncu, H200: a decode step's value quantization took 50 us).  With
- * thread_limit(32) the chunk and the team size agree for every trip count.  Host-only builds
- * keep the default (all host threads). */
+/* Geometry of the loops that run with the runtime's default launch (append, copies).  Without
+ * a thread_limit clause clang compiles such a loop for teams of 128 threads (a chunk of 128
+ * iterations per team), but LLVM 19's offload runtime launches a small loop with 32 threads per
+ * team: 3 of 4 teams then idle and each thread runs 4 iterations in turn (ncu, H200: a decode
+ * step's value quantization took 50 us instead of 16).  A thread_limit whose value is known
+ * only at run time (kivi_loop_threads, 128) makes the device code take its chunk from the team
+ * size actually launched, whatever the runtime picks.  Host-only builds keep the default. */
 #if KIVI_HAVE_OFFLOAD
-#define KIVI_LOOP_TEAMS thread_limit(32)
+extern int kivi_loop_threads;
+#define KIVI_LOOP_TEAMS thread_limit(kivi_loop_threads)
 #else
 #define KIVI_LOOP_TEAMS
 #endif
