@@ -232,16 +232,16 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
     for (int64_t b = L / R; b < L2 / R; ++b) row[b] = c->free_list[--c->n_free];
   }
 
-  /* One upload per call: [descriptor | block-table updates | flag | raw K | raw V], then the
-   * device-side fp16 copies of K and V.  (Host inputs are copied into the image first: one
-   * transfer instead of several synchronous ones.) */
+  /* One host image per call, [descriptor | block-table updates | raw K | raw V], copied in with
+   * the first kernel's launch (host inputs are copied into it: one transfer instead of
+   * several).  Device stage: [descriptor copy | fp16 K | fp16 V]. */
   const size_t nel = (size_t)total * H * D, esz = dtype_size(dtype);
   const size_t n_desc = (size_t)D_NCOLS * n_seqs, n_bt = (size_t)need_blocks;
-  const size_t head = ((n_desc + 2 * n_bt + 1) * 8 + 15) & ~(size_t)15;
+  const size_t head = ((n_desc + 2 * n_bt) * 8 + 15) & ~(size_t)15;
   const size_t raw = mem == KIVI_MEM_HOST ? (2 * nel * esz + 15) & ~(size_t)15 : 0;
-  const size_t f16 = (nel * 2 + 15) & ~(size_t)15;
+  const size_t f16 = (nel * 2 + 15) & ~(size_t)15, sdesc = (n_desc * 8 + 15) & ~(size_t)15;
   unsigned char *img = malloc(head + raw);
-  if (!img || kivi_async_reserve(c, &c->stage, head + raw + 2 * f16)) {
+  if (!img || kivi_async_reserve(c, &c->stage, sdesc + 2 * f16)) {
     free(img);
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NOMEM;
@@ -270,34 +270,22 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
       btu[2 * u + 1] = row[b];
     }
   }
-  btu[2 * n_bt] = 0; /* the flag */
   if (mem == KIVI_MEM_HOST) {
     memcpy(img + head, k, nel * esz);
     memcpy(img + head + nel * esz, v, nel * esz);
   }
-  unsigned char *base = c->stage.p;
-  const int64_t call_id = async ? ++c->next_id : 1;
-  if (async) {
-    if (kivi_async_keep(c, img) || kivi_async_log_append(c, call_id, layer, n_seqs, seq_ids, n_new)) {
-      append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
-      return KIVI_ERR_NOMEM;
-    }
-    kivi_async_put(c, base, img, head + raw);
-  } else {
-    const int put_err = kivi_dev_put(ctx, base, img, head + raw);
-    free(img);
-    if (put_err) {
-      append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
-      return KIVI_ERR_DEVICE;
-    }
+  const int64_t call_id = ++c->next_id;
+  if (async && (kivi_async_keep(c, img) || kivi_async_log_append(c, call_id, layer, n_seqs, seq_ids, n_new))) {
+    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+    return KIVI_ERR_NOMEM;
   }
-  const int64_t *dd = (const int64_t *)base;
-  const int64_t *dbtu = dd + n_desc;
-  /* the flag: this call's (zeroed by the upload), or the cache's sticky one when enqueued */
-  int64_t *flag = async ? c->aflag : (int64_t *)base + n_desc + 2 * n_bt;
-  const void *kin = mem == KIVI_MEM_HOST ? (const void *)(base + head) : k;
-  const void *vin = mem == KIVI_MEM_HOST ? (const void *)(base + head + nel * esz) : v;
-  uint16_t *kst = (uint16_t *)(base + head + raw), *vst = (uint16_t *)(base + head + raw + f16);
+  const size_t n_img = head + raw;
+  const int host_in = mem == KIVI_MEM_HOST;
+  int64_t *dd = (int64_t *)c->stage.p; /* the descriptor copy, written by kernel 1 */
+  /* the cache's flag: 0 between calls, or the id of the first failed enqueued append */
+  int64_t *flag = c->aflag;
+  const void *kdev = host_in ? NULL : k, *vdev = host_in ? NULL : v;
+  uint16_t *kst = (uint16_t *)((unsigned char *)c->stage.p + sdesc), *vst = kst + f16 / 2;
   const int64_t n_kb = kb, n_vq = vq;
   int64_t flag_out = 0; /* the flag after the kernels (synchronous calls) */
 
@@ -306,11 +294,15 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
 #undef KIVI_REGION_FILE
 
   /* Was the input finite?  If not, the kernels changed nothing but block-table entries past
-   * the lengths; give the blocks back.  (Enqueued: the wait checks the flag and undoes this
-   * append if it failed.) */
-  if (!async && flag_out) {
-    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
-    return KIVI_ERR_NONFINITE;
+   * the lengths: give the blocks back and clear the flag.  (Enqueued: the wait checks the flag
+   * and undoes this append if it failed.) */
+  if (!async) {
+    free(img);
+    if (flag_out) {
+      const int64_t zero = 0;
+      append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+      return kivi_dev_put(ctx, c->aflag, &zero, sizeof zero) ? KIVI_ERR_DEVICE : KIVI_ERR_NONFINITE;
+    }
   }
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];
   if (async) ++c->pending;
