@@ -136,6 +136,17 @@ START_TEST(rejected_calls_change_nothing) {
   same(&before, &after);
   free(before.bytes);
   free(after.bytes);
+  /* the failed appends left nothing behind (no flag either): the next valid append gives the
+   * cache of a twin that never saw them */
+  kivi_cache *twin = make(2, H, D, 3, 512, 2, 4, 32, 64);
+  ck_assert_int_eq(kivi_cache_append(twin, 1, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(twin, 0, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  const snapshot s_c = snap(c), s_twin = snap(twin);
+  same(&s_c, &s_twin);
+  free(s_c.bytes);
+  free(s_twin.bytes);
+  kivi_cache_destroy(twin);
   free(k);
   free(v);
   kivi_cache_destroy(c);
