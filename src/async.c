@@ -83,7 +83,7 @@ int kivi_async_reserve(kivi_cache *c, kivi_scratch *s, size_t bytes) {
     /* the enqueued regions may still use the old allocation: let them finish (an error they
      * report stays recorded in the flag and comes back from the next wait) */
     char *dep = c->dep;
-  (void)dep; /* named only in depend clauses */
+    (void)dep; /* named only in depend clauses */
 #pragma omp taskwait depend(inout : dep[0])
   }
   return kivi_scratch_reserve(c->ctx, s, bytes);

@@ -16,7 +16,8 @@
  *   part_o [rows][HQ][nslots][D] f32          part_ml [rows][HQ][nslots][2] f32 (m, l; base 2)
  *   out    [rows][HQ][D] f32 or f16           lse [rows][HQ] f32 (optional)
  *   dd     [5][rows] int64: seq, Lc, e, first new token of the row's sequence, first token of
- *          the portable kernel (after the fast path's share)
+ *          the portable kernel (after the fast path's share); uploaded only when the portable
+ *          kernel runs (the fast kernel maps the host copy with its launch)
  *   cnt    [rows][H][head chunks] u32 arrival counters, zero between calls ([rows][HQ] for
  *          the fused fast kernel) */
 #include <math.h>
