@@ -1,8 +1,8 @@
 #!/bin/bash
 # GPU kernel times from Nsight Compute (caches flushed before every kernel, as in the anchors of
 # ../shared/research/anchors-gpu.md), for an already-built offload tree:
-#   1. the f16x2 decode kernel at every default kivi-bench shape (one launch = one decode step
-#      of the paper configuration), median per launch geometry;
+#   1. the f16x2 decode kernels (2- and 4-bit) at every default kivi-bench shape (one launch =
+#      one decode step), median per kernel and launch geometry;
 #   2. every kernel of a 30-layer decode step (kivi_layers, batch 1, context 4096), mean per kernel;
 #   3. stall reasons of the append kernel that quantizes K blocks / V rows (l46).
 # Usage (project root, GPU machine): . .devrt/env.sh; bash scripts/gpu-kernel-times.sh BUILD OUT
@@ -17,7 +17,8 @@ summ() { awk -F'","' -v key="$1" '
   /^"ID","/ { for (i = 1; i <= NF; ++i) { h = $i; gsub(/"/, "", h); col[h] = i }; next }
   /^"/ && ("Metric Name" in col) && $col["Metric Name"] == "gpu__time_duration.sum" {
     val = $col["Metric Value"]; gsub(/[",]/, "", val);
-    k = key == "grid" ? $col["Grid Size"] : $col["Kernel Name"]; sub(/^__omp_offloading_[0-9a-f]+_[0-9a-f]+_/, "", k);
+    k = $col["Kernel Name"]; sub(/^__omp_offloading_[0-9a-f]+_[0-9a-f]+_/, "", k);
+    if (key == "grid") k = k " grid " $col["Grid Size"];
     if (!(k in n)) order[++no] = k; v[k, ++n[k]] = val / 1000 }
   END { for (i = 1; i <= no; ++i) { k = order[i]; m = n[k]; s = 0;
           for (j = 1; j <= m; ++j) { a[j] = v[k, j]; s += a[j] }
@@ -25,7 +26,7 @@ summ() { awk -F'","' -v key="$1" '
           printf "%-44s launches %4d   median %9.2f us   mean %9.2f us\n", k, m, a[int((m + 1) / 2)], s / m } }'; }
 sections=" ${SECTIONS:-1 2 3} "
 if [[ $sections == *" 1 "* ]]; then
-echo "=== 1. f16x2 decode kernel per kivi-bench shape (grid = rows x heads x slots)"
+echo "=== 1. f16x2 decode kernels per kivi-bench shape (grid = rows x heads x slots; l21/l21_1: 2-bit, l21_2/l21_3: 4-bit)"
 $ncu $q -k regex:kivi_gpu_fast_decode "$b/bench/kivi-bench" --skip-append --reps 3 > "$out/ncu_bench.csv" 2> "$out/ncu_bench.err"
 summ grid < "$out/ncu_bench.csv"
 fi

@@ -1,5 +1,6 @@
-/* GPU fast path of the fused attention: one CUDA-like `ompx_bare` kernel for 2-bit, head_dim
- * 128, G = 32 caches (the paper's default configuration).  It covers the first
+/* GPU fast path of the fused attention: one CUDA-like `ompx_bare` kernel for 2-bit or 4-bit
+ * caches (keys and values the same width) with head_dim 128 and G = 32 (the paper's KIVI-2 and
+ * KIVI-4 configurations).  It covers the first
  * Lf = floor(max(0, Lc - R) / KIVI_FAST_GRAIN) * KIVI_FAST_GRAIN tokens of each row (there keys
  * and values are both quantized) in splits of up to KIVI_FAST_SPLIT.  In a decode call
  * ("fused") one more block per (row, head) takes the rest, [Lf, Lc): its quantized key groups
@@ -8,16 +9,19 @@
  * portable kernel (attention.c) does the rest and the combine.  It is the design measured in
  * ../shared/research/omp-spike.md (variant K), adapted to the library's packed layout:
  *
- *  - f16x2 dequant-dot: a 2-bit code pair masked out of its word *is* an f16x2 of two
- *    subnormals c * 4^pos * 2^-24, so one LOP3 + one HFMA2 handle two elements; the other
- *    operand B = q * scale * 2^(24 - 2 pos - S) is staged per 32-token group in shared memory.
+ *  - f16x2 dequant-dot: a b-bit code pair masked out of its word *is* an f16x2 of two
+ *    subnormals c * 2^(b pos) * 2^-24, so one LOP3 + one HFMA2 handle two elements; the other
+ *    operand B = q * scale * 2^(24 - b pos - S) is staged per 32-token group in shared memory.
  *  - K scales/zeros are stored in channel order (docs/FORMAT.md); each lane reads the 2 x 8
- *    bytes it needs and pairs channels c and c+8 with PRMT.  S is chosen per group from the
+ *    bytes it needs and pairs channels c and c+8 (2-bit) or c+4 (4-bit) with PRMT.  S is chosen per group from the
  *    group's max |q * scale| (no cache-wide range metadata needed for K).
  *  - V: p is packed as f16x2 {p * 2^(24 - SV), p * 2^-ZV} and multiplied by the token's
- *    {scale, zero} pair; SV and ZV come from the cache's per-(layer, kv-head) exponent bounds
- *    of V scales and zeros (maintained by append).  f16 runs of 8 tokens flush to fp32.
- *  - 4 warps per block, 4 K groups of loads in flight per warp, 8 V tokens per lane.
+ *    {scale, zero} pair (the first factor split between p and the scale, so that neither
+ *    overflows when the scales are small); SV and ZV come from the cache's per-(layer, kv-head)
+ *    exponent bounds of V scales and zeros (maintained by append).  f16 runs of 8 tokens flush
+ *    to fp32.
+ *  - 4 warps per block, 4 (2-bit) or 2 (4-bit) K groups of loads in flight per warp, 8 V
+ *    tokens per lane.
  * Accuracy is fp16-attention class (about 1e-3 relative); KIVI_ATTENTION_FP32 selects the
  * portable fp32 kernel instead. */
 #include "config.h"
@@ -33,13 +37,12 @@
 
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
-#define FKU 4   /* K groups per warp iteration, loads first */
 #define FVU 8   /* V tokens per lane, loads first */
 #define FVR 8   /* V tokens per f16 run */
 #define FTU 4   /* fp16 key rounds of 4 tokens per warp in flight (tail block) */
 #define FD 128
 _Static_assert(KIVI_FAST_GRAIN == 32, "the kernel handles any whole number of 32-token groups");
-_Static_assert(KIVI_FAST_SPLIT / 32 % (FNW * FKU) == 0, "whole K rounds per warp in a full split");
+_Static_assert(KIVI_FAST_SPLIT / 32 % (FNW * 4) == 0, "whole K rounds per warp in a full split (FKU <= 4)");
 _Static_assert(KIVI_FAST_SPLIT / FNW % (8 * FVR) == 0, "whole V runs per lane in a full split");
 _Static_assert(KIVI_MAX_RESIDUAL + KIVI_FAST_GRAIN <= KIVI_FAST_SPLIT, "a tail block's logits fit in s_p");
 _Static_assert(FNT == FD, "the combine gives a thread each channel");
@@ -118,7 +121,8 @@ static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, sh
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   const kivi_cache_config *f = &c->cfg;
   const int R = f->residual;
-  return c->ctx->on_gpu && f->attention == KIVI_ATTENTION_FAST && f->k_bits == 2 && f->v_bits == 2 &&
+  return c->ctx->on_gpu && f->attention == KIVI_ATTENTION_FAST && (f->k_bits == 2 || f->k_bits == 4) &&
+         f->v_bits == f->k_bits &&
          f->head_dim == FD && f->group == 32 && R >= 32 && (R & (R - 1)) == 0;
 }
 
@@ -144,7 +148,15 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   const int nblk = rows * HQ * nsf, dev = c->ctx->device;
   if (nblk <= 0) return;
 #define KIVI_REGION_FILE "attention_fast.inc"
+  if (c->cfg.k_bits == 2) {
+#define FKB 2
 #include "region_twice.inc"
+#undef FKB
+  } else {
+#define FKB 4
+#include "region_twice.inc"
+#undef FKB
+  }
 #undef KIVI_REGION_FILE
 }
 

@@ -18,21 +18,23 @@ static void teardown(void) { kivi_context_destroy(ctx); }
 
 typedef struct acase {
   int D, H, HQ, kb, vb, G, R;
+  float mag; /* V magnitude (0: 1) */
 } acase;
 
 static kivi_cache *make_cache(const acase *a, int seqs, int maxlen) {
   return tu_cache(ctx, 1, a->H, a->D, seqs, maxlen, a->kb, a->vb, a->G, a->R);
 }
 
-/* Keys with an outlier channel, values with a per-channel offset so outputs are O(1). */
+/* Keys with an outlier channel, values of magnitude mag with a per-channel offset. */
 static void make_kv(const acase *a, int L, uint64_t seed, float **k, float **v) {
   const size_t n = (size_t)(L > 0 ? L : 1) * a->H * a->D;
+  const float m = a->mag > 0.0f ? a->mag : 1.0f;
   *k = tu_random(n, seed, 1.0f);
-  *v = tu_random(n, seed + 1, 1.0f);
+  *v = tu_random(n, seed + 1, m);
   for (size_t i = 0; i < n; ++i) {
     const int ch = (int)(i % (size_t)a->D);
     if (ch == 3) (*k)[i] *= 20.0f;
-    (*v)[i] += 0.5f * (float)((ch * 37) % 11 - 5) / 5.0f;
+    (*v)[i] += m * 0.5f * (float)((ch * 37) % 11 - 5) / 5.0f;
   }
 }
 
@@ -53,6 +55,7 @@ static void dequant_seq(const kivi_cache *c, const acase *a, int seq, int L, dou
 static double rel_err(const float *got, const double *want, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; ++i) {
+    if (!isfinite(got[i])) return INFINITY; /* (fmax would skip a NaN) */
     num = fmax(num, fabs((double)got[i] - want[i]));
     den = fmax(den, fabs(want[i]));
   }
@@ -113,12 +116,26 @@ static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed)
 }
 
 START_TEST(decode_boundary_lengths) {
-  const acase a = {128, 2, 2, 2, 2, 32, 128};
-  /* on a GPU the fast path's tail block sees every case: no quantized token (1 .. 128), values
-   * quantized for fewer than 32 tokens (129), none left over after whole grains (160), no fp16
-   * key (256 = 2R) */
+  /* 2-bit (_i = 0) and 4-bit (_i = 1): on a GPU both take the fast path, whose tail block sees
+   * every case: no quantized token (1 .. 128), values quantized for fewer than 32 tokens (129),
+   * none left over after whole grains (160), no fp16 key (256 = 2R) */
+  const int b = _i ? 4 : 2;
+  const acase a = {128, 2, 2, b, b, 32, 128};
   const int len[] = {1, 5, 127, 128, 129, 32, 2 * 128 + 32 + 3, 1500, 160, 256};
-  decode_case(&a, 10, len, 1);
+  decode_case(&a, 10, len, 1 + (uint64_t)_i);
+}
+END_TEST
+
+/* Small and large values (the GPU fast path keeps its f16 operands in range from the cache's
+ * exponent bounds of the V scales and zeros, whatever they are), 2- and 4-bit. */
+START_TEST(decode_magnitudes) {
+  const float mags[] = {1e-3f, 100.0f};
+  const int len[] = {700, 300, 129};
+  for (int b = 2; b <= 4; b += 2)
+    for (int i = 0; i < 2; ++i) {
+      const acase a = {128, 2, 4, b, b, 32, 128, mags[i]};
+      decode_case(&a, 3, len, 500 + (uint64_t)(b + i));
+    }
 }
 END_TEST
 
@@ -288,16 +305,18 @@ START_TEST(decode_f16_out_and_device_pointers) {
 }
 END_TEST
 
-/* Long rows of the paper configuration (2-bit, D=128, G=32, R=128): on a GPU the fast mode runs
+/* Long rows of the paper configurations (2- and 4-bit, D=128, G=32, R=128): on a GPU the fast mode runs
  * the f16x2 kernel alone; the FP32 mode always runs the portable kernel.  Both against the
  * reference with their own tolerance. */
 START_TEST(decode_long_rows_both_modes) {
   const int len[] = {5000, 2048 + 128 + 5, 300, 9000};
+  const int b = _i ? 4 : 2; /* KIVI-2, KIVI-4 */
   for (int mode = 0; mode < 2; ++mode)
     for (int gqa = 0; gqa < 2; ++gqa) {
-      const acase a = {128, 2, gqa ? 8 : 2, 2, 2, 32, 128};
+      const acase a = {128, 2, gqa ? 8 : 2, b, b, 32, 128};
       kivi_cache_config cfg;
       kivi_cache_config_init(&cfg, 1, a.H, a.D, 4, 9216);
+      cfg.k_bits = cfg.v_bits = b;
       cfg.attention = mode ? KIVI_ATTENTION_FP32 : KIVI_ATTENTION_FAST;
       kivi_cache *c = NULL;
       ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
@@ -329,8 +348,8 @@ START_TEST(decode_long_rows_both_modes) {
         free(vd);
       }
       const double tol = fast ? FAST_REL_TOL : ATTN_REL_TOL;
-      printf("long rows, %s mode, HQ %d: kernels %s, rel err %.2e (tolerance %.0e)\n", mode ? "fp32" : "fast", a.HQ,
-             fast ? "gpu-f16x2" : "portable", worst, tol);
+      printf("long rows, %d-bit, %s mode, HQ %d: kernels %s, rel err %.2e (tolerance %.0e)\n", b, mode ? "fp32" : "fast",
+             a.HQ, fast ? "gpu-f16x2" : "portable", worst, tol);
       ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
       for (int s = 0; s < 4; ++s) { free(k[s]); free(v[s]); }
       free(q); free(out); free(ref);
@@ -372,13 +391,14 @@ int main(void) {
   Suite *s = suite_create("attention");
   TCase *tc = tcase_create("attention");
   tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, decode_boundary_lengths);
+  tcase_add_loop_test(tc, decode_boundary_lengths, 0, 2);
   tcase_add_test(tc, decode_gqa_ratios);
+  tcase_add_test(tc, decode_magnitudes);
   tcase_add_test(tc, extend_chunked_prefill);
   tcase_add_test(tc, extend_chunked_equals_oneshot_in_window);
   tcase_add_test(tc, decode_equals_extend_qlen1);
   tcase_add_test(tc, decode_f16_out_and_device_pointers);
-  tcase_add_test(tc, decode_long_rows_both_modes);
+  tcase_add_loop_test(tc, decode_long_rows_both_modes, 0, 2);
   tcase_add_test(tc, bad_arguments);
   suite_add_tcase(s, tc);
   return tu_run(s);
