@@ -103,7 +103,7 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
   c->vexp = kivi_dev_alloc(ctx, (size_t)NL * cfg->n_kv_heads * 2 * 4);
-  c->aflag = kivi_dev_alloc(ctx, sizeof *c->aflag);
+  c->aflag = kivi_dev_alloc(ctx, 2 * sizeof *c->aflag);
   c->bt_host = malloc(bt_n * 4);
   c->len = calloc((size_t)S * NL, 4);
   c->free_list = malloc((size_t)(c->n_blocks > 0 ? c->n_blocks : 1) * 4);
@@ -123,9 +123,9 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
     return KIVI_ERR_NOMEM;
   }
   for (size_t i = 0; i < nvexp; ++i) vexp0[i] = -14; /* 2^-14 bounds fp16 subnormals */
-  const int64_t zero = 0;
+  const int64_t zero[2] = {0, 0};
   const int put_err = kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4) || kivi_dev_put(ctx, c->vexp, vexp0, nvexp * 4) ||
-                      kivi_dev_put(ctx, c->aflag, &zero, sizeof zero);
+                      kivi_dev_put(ctx, c->aflag, zero, sizeof zero);
   free(vexp0);
   if (put_err) {
     kivi_cache_destroy(c);
@@ -178,6 +178,56 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 
 /* ---- append ---- */
 
+/* The one-kernel append (append_fast.inc) is a bare GPU kernel: clang offload builds only. */
+#if KIVI_HAVE_OFFLOAD && defined(__clang__)
+#include <ompx.h>
+#define KIVI_APPEND_FUSED 1
+#else
+#define KIVI_APPEND_FUSED 0
+#endif
+#define KIVI_APPEND_NT 128 /* threads per block of the one-kernel append */
+#define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
+
+#pragma omp declare target
+/* Element j of an input array of type dt, as fp16 (NaN/Inf/out of range become Inf or NaN). */
+static inline uint16_t kivi_in_f16(const void *src, int64_t j, int dt) {
+  if (dt == KIVI_F32) return kivi_f32_to_f16(((const float *)src)[j]);
+  if (dt == KIVI_BF16) return kivi_f32_to_f16(kivi_bf16_to_f32(((const uint16_t *)src)[j]));
+  return ((const uint16_t *)src)[j];
+}
+
+/* A memory fence (an orphaned flush: the one-kernel append's blocks publish their writes to the
+ * last block, as in a CUDA threadfence reduction). */
+static inline void kivi_fence(void) {
+#pragma omp flush
+}
+#pragma omp end declare target
+
+/* Copies n input values of type dt to dst; returns 1 if any of them does not round to a finite
+ * fp16 (the check kernel 1 makes on device inputs).  One pass: the check rides on the copy. */
+static int copy_finite(void *dst, const void *src, size_t n, kivi_dtype dt) {
+  uint32_t bad = 0;
+  if (dt == KIVI_F32) {
+    const float *s = src;
+    float *d = dst;
+    for (size_t j = 0; j < n; ++j) {
+      const float x = s[j];
+      d[j] = x;
+      bad |= (uint32_t)!kivi_f32_bits_fit_f16(kivi_f32_bits(x));
+    }
+  } else {
+    const uint16_t *s = src;
+    uint16_t *d = dst;
+    const uint32_t shift = dt == KIVI_BF16 ? 16u : 0u;
+    for (size_t j = 0; j < n; ++j) {
+      const uint16_t x = s[j];
+      d[j] = x;
+      bad |= shift ? (uint32_t)!kivi_f32_bits_fit_f16((uint32_t)x << shift) : (uint32_t)!kivi_f16_finite(x);
+    }
+  }
+  return bad != 0;
+}
+
 static size_t dtype_size(kivi_dtype t) { return t == KIVI_F32 ? 4 : 2; }
 
 /* Per-call descriptor, one int64 array uploaded at once: 7 columns of n entries. */
@@ -213,8 +263,10 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const int R = c->cfg.residual, G = c->cfg.group, H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
   const int NL = c->cfg.n_layers;
   int64_t total = 0, need_blocks = 0;
+  int max_new = 0;
   for (int i = 0; i < n_seqs; ++i) {
     if (n_new[i] < 0) return KIVI_ERR_ARG;
+    if (n_new[i] > max_new) max_new = n_new[i];
     const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
     if (L2 > c->cfg.max_seq_len) return KIVI_ERR_CAPACITY;
     need_blocks += L2 / R - L / R;
@@ -270,9 +322,12 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
       btu[2 * u + 1] = row[b];
     }
   }
-  if (mem == KIVI_MEM_HOST) {
-    memcpy(img + head, k, nel * esz);
-    memcpy(img + head + nel * esz, v, nel * esz);
+  /* a host input is checked here, as it is copied: a non-finite one fails the call itself */
+  if (mem == KIVI_MEM_HOST &&
+      (copy_finite(img + head, k, nel, dtype) | copy_finite(img + head + nel * esz, v, nel, dtype))) {
+    free(img);
+    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+    return KIVI_ERR_NONFINITE;
   }
   const int64_t call_id = ++c->next_id;
   if (async && (kivi_async_keep(c, img) || kivi_async_log_append(c, call_id, layer, n_seqs, seq_ids, n_new))) {
@@ -288,6 +343,8 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   uint16_t *kst = (uint16_t *)((unsigned char *)c->stage.p + sdesc), *vst = kst + f16 / 2;
   const int64_t n_kb = kb, n_vq = vq;
   int64_t flag_out = 0; /* the flag after the kernels (synchronous calls) */
+  /* the one-kernel append: its last block writes every pair's new window tokens */
+  const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX;
 
 #define KIVI_REGION_FILE "cache_append.inc"
 #include "region_twice.inc"

@@ -60,6 +60,10 @@ static inline int kivi_f16_exp_bound(uint16_t h) {
   return E == 0 ? -14 : E - 14;
 }
 
+/* Whether an fp32 value (given by its bits) rounds to a finite fp16: |x| < 65520, not NaN
+ * (kivi_f16_finite(kivi_f32_to_f16(x)) without the conversion). */
+static inline int kivi_f32_bits_fit_f16(uint32_t x) { return (x & 0x7fffffffu) < 0x477ff000u; }
+
 /* Finite fp16 (not Inf or NaN). */
 static inline int kivi_f16_finite(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
 #pragma omp end declare target

@@ -83,9 +83,10 @@ struct kivi_cache {
    * them.  The host side (lengths, block tables) is updated at enqueue time. */
   char dep[8];             /* the dependence address (kivi_cache_dependence) */
   int64_t pending;         /* calls enqueued since the last wait */
-  int64_t *aflag;          /* device: 0, or the id of the first append whose input was not
-                              finite (later enqueued kernels on the cache then do nothing); a
-                              synchronous append that fails clears it before it returns */
+  int64_t *aflag;          /* device, 2 values.  [0]: 0, or the id of the first append whose
+                              input was not finite (later enqueued kernels on the cache then do
+                              nothing); a synchronous append that fails clears it before it
+                              returns.  [1]: arrival counter of the one-kernel append (kept 0) */
   int64_t next_id;         /* ids of appends since the last wait: 1, 2, ... */
   struct kivi_async_append *log; /* the enqueued appends since the last wait, for rollback */
   size_t n_log, cap_log;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "half.h"
+#include "layout.h"
 
 /* Full unrolling of the per-channel loops of an item (bits is a constant at every call), so
  * the item's per-channel arrays live in registers on the GPU. */
@@ -115,6 +116,49 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
       word |= kivi_quant_code(kivi_f16_to_f32(x[i * cpw + j]), s, z, maxq) << (bits * j);
     w[i] = word;
   }
+}
+
+/* K item of a completed block: token group g, code word w of the kv-head's sub-block sb (the
+ * group's first position p0), tokens from the ring (before L) or the stage. */
+static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay, int g, int w, int64_t p0, int64_t L,
+                                      const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
+  const int G = lay->G, D = lay->D, kw = lay->kw, kcpw = lay->kb == 16 ? 2 : 32 / lay->kb;
+  uint32_t *codes = (uint32_t *)sb + (size_t)g * G * kw + w;
+  uint16_t *sc = (uint16_t *)(sb + lay->ksz_off) + (size_t)g * 2 * D + w * kcpw;
+  const int R = lay->R, H = lay->H, c0 = w * kcpw;
+  switch (lay->kb) { /* constant bits: the per-channel arrays of the item stay in registers */
+  case 2: kivi_quant_k_item(codes, kw, sc, sc + D, 2, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  case 4: kivi_quant_k_item(codes, kw, sc, sc + D, 4, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  case 8: kivi_quant_k_item(codes, kw, sc, sc + D, 8, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  default: kivi_quant_k_item(codes, kw, sc, sc + D, 16, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  }
+}
+
+/* Raises the exponent bounds vexp2[0..1] of V scales and zeros (the GPU f16x2 kernel's
+ * ranges) to cover one stored {scale, zero} pair sz. */
+static inline void kivi_vexp_raise(int32_t *vexp2, const uint16_t *sz) {
+  for (int e = 0; e < 2; ++e) {
+    const int ex = kivi_f16_exp_bound(sz[e]);
+    int32_t *dst = vexp2 + e;
+#pragma omp atomic compare
+    if (*dst < ex) { *dst = ex; }
+  }
+}
+
+/* V item: channel group cg of the token row x that leaves the window, stored at slot t of the
+ * kv-head's sub-block sb; then raises vexp2 (if not NULL) for its {scale, zero}. */
+static inline void kivi_append_v_item(unsigned char *sb, const kivi_layout *lay, int cg, int t, const uint16_t *x,
+                                      int32_t *vexp2) {
+  const int G = lay->G, vgrp = lay->D / lay->G;
+  uint16_t *sz = (uint16_t *)(sb + lay->vsz_off) + (size_t)t * 2 * vgrp;
+  uint32_t *vc = (uint32_t *)(sb + lay->vcode_off) + (size_t)t * lay->vw;
+  switch (lay->vb) {
+  case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x); break;
+  case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x); break;
+  case 8: kivi_quant_v_item(vc, sz, 8, G, cg, x); break;
+  default: kivi_quant_v_item(vc, sz, 16, G, cg, x); break;
+  }
+  if (lay->vb < 16 && vexp2) kivi_vexp_raise(vexp2, sz + 2 * cg);
 }
 
 /* Index i of the sequence whose prefix range [pre[i], pre[i+1]) holds item x (n sequences). */

@@ -186,45 +186,53 @@ START_TEST(interleaved_caches) {
 }
 END_TEST
 
-/* A NaN in an enqueued append: GPU — the call returns OK and the wait NONFINITE, the failed
- * append and the later ones undone; host — the call itself fails (synchronous).  Either way the
- * cache ends as the calls that succeeded left it, and nothing is lost. */
+/* A NaN in an enqueued append.  In host memory it fails the call itself on every context (the
+ * host checks host inputs as it copies them).  In device memory, on a GPU the call returns OK
+ * and the wait NONFINITE, the failed append and the later ones undone; on the host the call
+ * fails (synchronous).  Either way the cache ends as the calls that succeeded left it, and
+ * nothing is lost.  n2 = 7 takes the GPU's one-kernel append, n2 = 150 (> R) the three kernels. */
 START_TEST(error_reported_by_wait) {
   kivi_context *ctx = tu_context();
   kivi_context_info info;
   ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
   const geom *g = &GEOMS[0];
-  const int seq = 0, n1 = 200, n2 = 7, n3 = 40;
+  const int seq = 0, n1 = 200, n3 = 40, n2max = 150;
   const size_t st = (size_t)g->H * g->D;
-  float *k = tu_random((size_t)(n1 + n2 + n3) * st, 5, 1.0f), *v = tu_random((size_t)(n1 + n2 + n3) * st, 6, 1.0f);
-  float *bad = malloc((size_t)n2 * st * sizeof *bad);
-  memcpy(bad, k + (size_t)n1 * st, (size_t)n2 * st * sizeof *bad);
-  bad[3 * st + 5] = NAN;
+  float *k = tu_random((size_t)(n1 + n2max + n3) * st, 5, 1.0f), *v = tu_random((size_t)(n1 + n2max + n3) * st, 6, 1.0f);
+  float *bad = malloc((size_t)n2max * st * sizeof *bad);
+  void *dbad = NULL;
+  ck_assert_int_eq(kivi_context_alloc(ctx, (size_t)n2max * st * sizeof *bad, &dbad), KIVI_OK);
   float q[HQ * 128], out[HQ * 128];
   for (int i = 0; i < HQ * 128; ++i) q[i] = 0.01f * (float)(i % 17);
 
-  for (int variant = 0; variant < 2; ++variant) { /* 0: kivi_cache_wait reports; 1: a sync call does */
+  for (int variant = 0; variant < 4; ++variant) { /* bit 0: a sync call reports (else the wait); bit 1: n2 = 150 */
+    const int n2 = variant & 2 ? n2max : 7;
+    memcpy(bad, k + (size_t)n1 * st, (size_t)n2 * st * sizeof *bad);
+    bad[3 * st + 5] = NAN;
+    ck_assert_int_eq(kivi_context_upload(ctx, dbad, bad, (size_t)n2 * st * sizeof *bad), KIVI_OK);
+    const float *k3 = k + (size_t)(n1 + n2) * st, *v3 = v + (size_t)(n1 + n2) * st;
     kivi_cache *c = geom_cache(ctx, g), *ref = geom_cache(ctx, g);
     ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     if (!info.on_gpu) /* synchronous: the append after the failed one does take place */
-      ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n3, k + (size_t)(n1 + n2) * st,
-                                         v + (size_t)(n1 + n2) * st, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n3, k3, v3, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     /* invalid arguments fail at the call and enqueue nothing */
     ck_assert_int_eq(kivi_cache_append_async(c, NL, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
     ck_assert_int_eq(kivi_attention_decode_async(c, 0, 1, &seq, HQ, q, 0.125f, out, KIVI_F32, KIVI_MEM_HOST),
                      KIVI_ERR_ARG); /* empty sequence */
     ck_assert_int_eq(kivi_cache_wait(c), KIVI_OK);
     ck_assert_int_eq(kivi_cache_append_async(c, 0, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
-    const kivi_status s_bad = kivi_cache_append_async(c, 0, 1, &seq, &n2, bad, v + (size_t)n1 * st, KIVI_F32,
-                                                      KIVI_MEM_HOST);
+    /* the NaN in host memory: the call fails and enqueues nothing */
+    ck_assert_int_eq(kivi_cache_append_async(c, 0, 1, &seq, &n2, bad, v + (size_t)n1 * st, KIVI_F32, KIVI_MEM_HOST),
+                     KIVI_ERR_NONFINITE);
+    /* the NaN in device memory */
+    const kivi_status s_bad = kivi_cache_append_async(c, 0, 1, &seq, &n2, dbad, dbad, KIVI_F32, KIVI_MEM_DEVICE);
     ck_assert_int_eq(s_bad, info.on_gpu ? KIVI_OK : KIVI_ERR_NONFINITE);
-    ck_assert_int_eq(kivi_cache_append_async(c, 0, 1, &seq, &n3, k + (size_t)(n1 + n2) * st,
-                                             v + (size_t)(n1 + n2) * st, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_append_async(c, 0, 1, &seq, &n3, k3, v3, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     ck_assert_int_eq(kivi_attention_decode_async(c, 0, 1, &seq, HQ, q, 0.125f, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
-    const kivi_status reported = variant == 0 ? kivi_cache_wait(c)
-                                              : kivi_cache_append(c, 0, 1, &seq, &n3, k, v, KIVI_F32, KIVI_MEM_HOST);
+    const kivi_status reported = !(variant & 1) ? kivi_cache_wait(c)
+                                                : kivi_cache_append(c, 0, 1, &seq, &n3, k, v, KIVI_F32, KIVI_MEM_HOST);
     ck_assert_int_eq(reported, info.on_gpu ? KIVI_ERR_NONFINITE : KIVI_OK);
-    if (!info.on_gpu && variant == 1) /* that sync append did take place on the host: undo it by reference */
+    if (!info.on_gpu && (variant & 1)) /* that sync append did take place on the host: undo it by reference */
       ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n3, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     ck_assert_int_eq(kivi_cache_wait(c), KIVI_OK); /* reported once */
     snapshot a = snap(c), b = snap(ref);
@@ -236,6 +244,7 @@ START_TEST(error_reported_by_wait) {
   }
   printf("run-time error: %s; cache as before the failed append\n",
          info.on_gpu ? "reported by the wait (and by a synchronous call)" : "reported by the call (host: synchronous)");
+  kivi_context_free(ctx, dbad);
   free(k);
   free(v);
   free(bad);

@@ -284,6 +284,51 @@ START_TEST(dtypes_and_device_pointers) {
 }
 END_TEST
 
+/* Device-memory inputs in calls of at most R tokens (on a GPU: the device-side check, then the
+ * one-kernel append) give the bytes of the same calls from host memory; a non-finite device
+ * input fails the call and changes nothing, and the next valid call works. */
+START_TEST(device_inputs_small_calls) {
+  enum { H = 2, D = 64, N = 150 };
+  const size_t st = (size_t)H * D, ne = (size_t)N * st;
+  float *k = tu_random(ne, 17, 2.0f), *v = tu_random(ne, 18, 2.0f);
+  kivi_cache *ch = make(1, H, D, 1, 1024, 2, 4, 32, 64), *cd = make(1, H, D, 1, 1024, 2, 4, 32, 64);
+  void *dk = NULL, *dv = NULL;
+  ck_assert_int_eq(kivi_context_alloc(ctx, ne * 4, &dk), KIVI_OK);
+  ck_assert_int_eq(kivi_context_alloc(ctx, ne * 4, &dv), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dk, k, ne * 4), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dv, v, ne * 4), KIVI_OK);
+  const int id = 0, sizes[] = {1, 5, 64, 1, 30, 45}; /* 146 tokens: blocks complete inside calls */
+  size_t done = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+    ck_assert_int_eq(kivi_cache_append(ch, 0, 1, &id, &sizes[i], k + done * st, v + done * st, KIVI_F32, KIVI_MEM_HOST),
+                     KIVI_OK);
+    ck_assert_int_eq(kivi_cache_append(cd, 0, 1, &id, &sizes[i], (float *)dk + done * st, (float *)dv + done * st,
+                                       KIVI_F32, KIVI_MEM_DEVICE), KIVI_OK);
+    done += (size_t)sizes[i];
+  }
+  const snapshot a = snap(ch), b = snap(cd);
+  same(&a, &b);
+  const float nanv = NAN;
+  const int four = 4;
+  ck_assert_int_eq(kivi_context_upload(ctx, (float *)dv + done * st + 2 * st + 9, &nanv, 4), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(cd, 0, 1, &id, &four, (float *)dk + done * st, (float *)dv + done * st, KIVI_F32,
+                                     KIVI_MEM_DEVICE), KIVI_ERR_NONFINITE);
+  const snapshot c2 = snap(cd);
+  same(&b, &c2);
+  ck_assert_int_eq(kivi_context_upload(ctx, (float *)dv + done * st + 2 * st + 9, v + done * st + 2 * st + 9, 4), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(cd, 0, 1, &id, &four, (float *)dk + done * st, (float *)dv + done * st, KIVI_F32,
+                                     KIVI_MEM_DEVICE), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(ch, 0, 1, &id, &four, k + done * st, v + done * st, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  const snapshot d2 = snap(ch), e2 = snap(cd);
+  same(&d2, &e2);
+  free(a.bytes); free(b.bytes); free(c2.bytes); free(d2.bytes); free(e2.bytes);
+  kivi_context_free(ctx, dk);
+  kivi_context_free(ctx, dv);
+  kivi_cache_destroy(ch); kivi_cache_destroy(cd);
+  free(k); free(v);
+}
+END_TEST
+
 /* Layers are independent: appending to layer 1 leaves layer 0 empty and vice versa. */
 START_TEST(layers_independent) {
   enum { H = 1, D = 32, N = 70 };
@@ -313,6 +358,7 @@ int main(void) {
   tcase_add_test(tc, pool_capacity_and_reset);
   tcase_add_test(tc, accounting);
   tcase_add_test(tc, dtypes_and_device_pointers);
+  tcase_add_test(tc, device_inputs_small_calls);
   tcase_add_test(tc, layers_independent);
   suite_add_tcase(s, tc);
   return tu_run(s);

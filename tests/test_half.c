@@ -12,10 +12,13 @@ START_TEST(f16_to_f32_exhaustive) {
 }
 END_TEST
 
+/* Also the host-side input check: x fits iff the compiler's conversion gives a finite fp16. */
 static void check_one(float x) {
   const uint16_t a = kivi_f32_to_f16(x), b = ref_f16(x);
   if (isnan(x)) ck_assert((a & 0x7c00) == 0x7c00 && (a & 0x3ff));
   else ck_assert_msg(a == b, "x=%a: %#x vs %#x", x, a, b);
+  const int fits = !isnan(x) && (b & 0x7c00) != 0x7c00;
+  ck_assert_msg(kivi_f32_bits_fit_f16(kivi_f32_bits(x)) == fits, "x=%a: fit %d", x, fits);
 }
 
 START_TEST(f32_to_f16_edges_and_random) {
