@@ -136,8 +136,9 @@ typedef enum kivi_dtype { KIVI_F32 = 0, KIVI_F16 = 1, KIVI_BF16 = 2 } kivi_dtype
 
 /* Which attention kernel a cache may use. */
 typedef enum kivi_attention_mode {
-  KIVI_ATTENTION_FAST = 0, /* fastest kernel available: on a GPU, for 2-bit K/V, head_dim 128 and G = 32,
-                              an f16x2 kernel (fp16-attention accuracy, about 1e-3 relative) */
+  KIVI_ATTENTION_FAST = 0, /* fastest kernel available: on a GPU, for 2-bit or 4-bit K/V (the same for
+                              both), head_dim 128, G = 32 and R a power of two >= 32, an f16x2
+                              kernel (fp16-attention accuracy, about 1e-3 relative) */
   KIVI_ATTENTION_FP32 = 1  /* always the portable kernel: fp32 accumulation (about 1e-6 relative) */
 } kivi_attention_mode;
 
@@ -242,7 +243,7 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 /* Kernels that computed the last successful attention call of a cache (a bit mask), so a caller
  * can tell which code path and accuracy class produced a result. */
 #define KIVI_KERNEL_PORTABLE 1u  /* the portable OpenMP kernel (GPU or host threads), fp32 */
-#define KIVI_KERNEL_GPU_F16X2 2u /* the GPU f16x2 kernel (KIVI_ATTENTION_FAST, 2-bit, head_dim 128, G 32):
+#define KIVI_KERNEL_GPU_F16X2 2u /* the GPU f16x2 kernel (KIVI_ATTENTION_FAST, 2- or 4-bit, head_dim 128, G 32):
                                   * a whole decode call, or the quantized part of an extend call */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
@@ -281,8 +282,12 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *   - Inputs in host memory are copied at the call: the caller may reuse them at once.  Inputs
  *     in device memory must stay unchanged, and outputs must not be read, until the work is done.
  *   - Outputs (to host or device memory) are written when kivi_cache_wait returns.
+ *   - A host-memory input of an append is checked at the call (as it is copied): NaN/Inf there
+ *     fails the call itself with KIVI_ERR_NONFINITE, and nothing is enqueued.  A device-memory
+ *     input is checked on the device.
  *   - kivi_cache_wait(cache) waits for everything enqueued on the cache and reports what went
- *     wrong at run time: KIVI_ERR_NONFINITE if an enqueued append held NaN/Inf (or |x| > 65504).
+ *     wrong at run time: KIVI_ERR_NONFINITE if an enqueued append held NaN/Inf (or |x| > 65504)
+ *     in device memory.
  *     That append and every call enqueued after it on the cache then had no effect on it: the
  *     cache is as it was before the failed append, and the outputs of those attention calls are
  *     undefined.  Errors are never lost: the synchronous calls on a cache with enqueued work,

@@ -186,7 +186,12 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 #define KIVI_APPEND_FUSED 0
 #endif
 #define KIVI_APPEND_NT 128 /* threads per block of the one-kernel append */
+#define KIVI_APPEND_U 8    /* window-copy items per thread of its commit, loads first */
 #define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
+#define KIVI_APPEND_FUSED_SEQS 64 /* and sequences */
+#if KIVI_APPEND_FUSED
+typedef unsigned kivi_v4u __attribute__((ext_vector_type(4))); /* 16 bytes: 8 fp16 channels */
+#endif
 
 #pragma omp declare target
 /* Element j of an input array of type dt, as fp16 (NaN/Inf/out of range become Inf or NaN). */
@@ -293,7 +298,8 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t raw = mem == KIVI_MEM_HOST ? (2 * nel * esz + 15) & ~(size_t)15 : 0;
   const size_t f16 = (nel * 2 + 15) & ~(size_t)15, sdesc = (n_desc * 8 + 15) & ~(size_t)15;
   unsigned char *img = malloc(head + raw);
-  if (!img || kivi_async_reserve(c, &c->stage, sdesc + 2 * f16)) {
+  const size_t nvx = (size_t)n_seqs * H * 2 * 4; /* the one-kernel append's V bounds per pair */
+  if (!img || kivi_async_reserve(c, &c->stage, sdesc + 2 * f16 + nvx)) {
     free(img);
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NOMEM;
@@ -344,7 +350,8 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const int64_t n_kb = kb, n_vq = vq;
   int64_t flag_out = 0; /* the flag after the kernels (synchronous calls) */
   /* the one-kernel append: its last block writes every pair's new window tokens */
-  const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX;
+  const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX &&
+                    n_seqs <= KIVI_APPEND_FUSED_SEQS;
 
 #define KIVI_REGION_FILE "cache_append.inc"
 #include "region_twice.inc"

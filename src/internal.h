@@ -74,7 +74,8 @@ struct kivi_cache {
   unsigned last_kernels; /* KIVI_KERNEL_* bits of the last attention call */
   int32_t *free_list;   /* host: stack of free block ids */
   int64_t n_free;
-  kivi_scratch stage;   /* append: the descriptor copy kernel 1 writes, fp16 K and V tokens */
+  kivi_scratch stage;   /* append: the descriptor copy kernel 1 writes, fp16 K and V tokens,
+                           the one-kernel append's V bounds per (sequence, kv-head) */
   kivi_scratch work;    /* attention: q, partials, outputs */
   kivi_scratch cnt;     /* attention: arrival counters of the split groups (kept zero) */
 
