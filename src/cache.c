@@ -2,13 +2,16 @@
  *
  * An append of n tokens to a sequence of length L (new length L' = L + n), per layer:
  *   1. validate everything and reserve nothing until the input is known to be finite;
- *   2. convert the input to fp16 in scratch memory, flagging NaN/Inf (nothing changed yet);
+ *   2. convert the input to fp16 in scratch memory, flagging NaN/Inf (nothing changed yet; a
+ *      host input was already checked on the host as it was copied);
  *   3. take floor(L'/R) - floor(L/R) blocks from the pool;
  *   4. quantize the K blocks completed by this append (tokens from the old ring or the new input);
  *   5. quantize the values that leave the window, positions [max(0, L-R), max(0, L'-R));
  *   6. write the new tokens that stay fp16 into the rings (after 4 and 5 read the old slots).
  * Every quantized group reads fp16 values of the same tokens whatever the split, so the packed
- * bytes do not depend on how the tokens arrive. */
+ * bytes do not depend on how the tokens arrive.  On a GPU a small call (a decode step) does 2-6
+ * in one kernel (append_fast.inc); otherwise kernel 1 does 2, kernel 2 does 4-5, kernel 3 does 6
+ * (cache_append.inc). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
