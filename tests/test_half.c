@@ -54,6 +54,9 @@ START_TEST(bf16_widening) {
     uint32_t b;
     memcpy(&b, &a, 4);
     ck_assert_uint_eq(b, u << 16);
+    /* the host-side input check of a bf16 input, against the compiler's fp16 conversion */
+    const int fits = !isnan(a) && (ref_f16(a) & 0x7c00) != 0x7c00;
+    ck_assert_msg(kivi_f32_bits_fit_f16(u << 16) == fits, "bf16 %#x: fit %d", u, fits);
   }
 }
 END_TEST
