@@ -59,7 +59,8 @@ static void expect_bytes(const unsigned char *got, size_t got_n, const unsigned 
 }
 
 /* Appends the sequences' tokens to layer 1 in rounds; each round every unfinished sequence gets
- * a chunk whose size follows `mode`: 0 all at once, 1 one token per call, 2 random sizes. */
+ * a chunk whose size follows `mode`: 0 all at once, 1 one token per call, 2 random sizes (some
+ * sequences left out of a call, some named in it with 0 tokens). */
 static void fill(kivi_cache *c, const geom_case *g, int nseq, const int *len, float **k, float **v, int mode,
                  uint64_t seed) {
   int *done = calloc((size_t)nseq, sizeof(int)), *ids = malloc(sizeof(int) * nseq), *cnt = malloc(sizeof(int) * nseq);
@@ -72,9 +73,10 @@ static void fill(kivi_cache *c, const geom_case *g, int nseq, const int *len, fl
       int chunk = len[s] - done[s];
       if (mode == 1) chunk = 1;
       if (mode == 2) {
-        if (tu_next(&seed) % 4 == 0) continue; /* not every sequence in every call */
+        const uint64_t pick = tu_next(&seed) % 8;
+        if (pick == 0) continue; /* not every sequence in every call */
         const int r = (int)(tu_next(&seed) % (unsigned)(2 * g->R + 3));
-        chunk = r + 1 < chunk ? r + 1 : chunk;
+        chunk = pick == 1 ? 0 : r + 1 < chunk ? r + 1 : chunk; /* or in it with no token */
       }
       ids[n] = s;
       cnt[n++] = chunk;
