@@ -4,7 +4,8 @@
 #   1. the f16x2 decode kernels (2- and 4-bit) at every default kivi-bench shape (one launch =
 #      one decode step), median per kernel and launch geometry;
 #   2. every kernel of a 30-layer decode step (kivi_layers, batch 1, context 4096), mean per kernel;
-#   3. stall reasons of the append kernel that quantizes K blocks / V rows (l46).
+#   3. stall reasons of a decode step's append (the one-kernel append: launch 100 of the append
+#      kernels, after the 30 layers' prefill of 3 kernels each).
 # Usage (project root, GPU machine): . .devrt/env.sh; bash scripts/gpu-kernel-times.sh BUILD OUT
 # (SECTIONS="2" runs only the listed sections; default "1 2 3".)
 set -u
@@ -36,8 +37,8 @@ $ncu $q "$b/examples/kivi_layers" --steps 2 > "$out/ncu_layers.csv" 2> "$out/ncu
 summ name < "$out/ncu_layers.csv"
 fi
 if [[ $sections == *" 3 "* ]]; then
-echo "=== 3. append l46 stall reasons"
-$ncu --section LaunchStats --section WarpStateStats --section SchedulerStats -k regex:append_impl_l46 --launch-skip 40 \
-  --launch-count 1 "$b/examples/kivi_layers" --steps 2 > "$out/ncu_l46.txt" 2>&1
-grep -E "Duration|Block Size|Grid Size|Registers|Stall|Warp Cycles|Issued|Eligible|Active Warps" "$out/ncu_l46.txt" | head -40
+echo "=== 3. stall reasons of a decode step's append"
+$ncu --section LaunchStats --section WarpStateStats --section SchedulerStats -k regex:append_impl --launch-skip 100 \
+  --launch-count 1 "$b/examples/kivi_layers" --steps 2 > "$out/ncu_append.txt" 2>&1
+grep -E "Duration|Block Size|Grid Size|Registers|Stall|Warp Cycles|Issued|Eligible|Active Warps" "$out/ncu_append.txt" | head -40
 fi
