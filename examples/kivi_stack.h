@@ -14,6 +14,7 @@
 
 typedef struct stack_shape {
   int layers, HQ, H, D, batch, context, steps, bits;
+  int lanes; /* the cache's async_lanes */
 } stack_shape;
 
 /* The step inputs on the device (the same for every run, so runs can be compared bit for bit). */
@@ -86,6 +87,7 @@ static inline kivi_status stack_cache(const stack_inputs *in, const stack_shape 
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, s->layers, s->H, s->D, s->batch, s->context + s->steps);
   cfg.k_bits = cfg.v_bits = s->bits;
+  cfg.async_lanes = s->lanes;
   kivi_status st = kivi_cache_create(in->ctx, &cfg, c);
   for (int l = 0; l < s->layers && !st; ++l)
     st = kivi_cache_append(*c, l, s->batch, in->ids, in->lens, in->kp, in->vp, KIVI_F32, KIVI_MEM_HOST);

@@ -155,7 +155,14 @@ typedef struct kivi_cache_config {
   int group;       /* G: 32, 64 or 128; must divide head_dim */
   int residual;    /* R: multiple of G, G..1024 (paper default G=32, R=128) */
   int attention;   /* kivi_attention_mode (default KIVI_ATTENTION_FAST) */
+  int async_lanes; /* 0 or 1 (default): enqueued work runs in call order.  2..KIVI_MAX_ASYNC_LANES:
+                      the decode calls and decode-step appends of layer l run in call order
+                      with those of the layers l' = l (mod async_lanes), and side by side with
+                      the others (see "asynchronous execution" below).  Each lane holds its own
+                      scratch memory. */
 } kivi_cache_config;
+
+#define KIVI_MAX_ASYNC_LANES 8
 
 /* Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, fast attention. */
 KIVI_API void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads,
@@ -278,7 +285,16 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  * The _async variants take the same arguments as the synchronous calls and validate them the
  * same way: an invalid call returns its status at once and enqueues nothing.  A valid call on a
  * GPU context enqueues its device work (OpenMP target tasks on the cache's device) and returns
- * without waiting for it.  Work enqueued on one cache runs in call order.
+ * without waiting for it.
+ *   - Order.  With async_lanes = 1 (the default), work enqueued on one cache runs in call order.
+ *     With async_lanes = n > 1, the decode calls and the appends of at most residual tokens per
+ *     sequence (a decode step's) of layer l run on lane l mod n: in call order with the other
+ *     calls of that lane, side by side with the calls of other lanes.  Every other call (a
+ *     longer append, extend) runs after all work enqueued before it and before all work
+ *     enqueued after it.  So calls on one layer always run in call order; a device buffer one
+ *     call writes and a call on another layer reads (or writes) must be ordered by the caller,
+ *     through the dependence object below.  Lanes let the layers of a decode step overlap on
+ *     the GPU when the caller enqueues several layers' work at once.
  *   - Inputs in host memory are copied at the call: the caller may reuse them at once.  Inputs
  *     in device memory must stay unchanged, and outputs must not be read, until the work is done.
  *   - Outputs (to host or device memory) are written when kivi_cache_wait returns.
@@ -288,21 +304,24 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *   - kivi_cache_wait(cache) waits for everything enqueued on the cache and reports what went
  *     wrong at run time: KIVI_ERR_NONFINITE if an enqueued append held NaN/Inf (or |x| > 65504)
  *     in device memory.
- *     That append and every call enqueued after it on the cache then had no effect on it: the
- *     cache is as it was before the failed append, and the outputs of those attention calls are
- *     undefined.  Errors are never lost: the synchronous calls on a cache with enqueued work,
+ *     That append and every append enqueued after it on the same layer then had no effect: the
+ *     layer is as it was before the failed append, and the outputs of the attention calls
+ *     enqueued after it on that layer are undefined.  Calls on other layers are not affected
+ *     (they take place, as they would in the synchronous calls).  Errors are never lost: the synchronous calls on a cache with enqueued work,
  *     and kivi_cache_save/load/export_seq/reset_seq, wait first, and if that wait reports an error
  *     they return it and do nothing else.
  *   - Ordering with the caller's own target tasks: every region the library enqueues on a cache
- *     names depend(inout: d[0]) where d = kivi_cache_dependence(cache) (a char *).  A task the
- *     caller creates with depend(out: d[0]) (say, a kernel writing q) runs before the library's
- *     later enqueued work; one with depend(in: d[0]) (reading an output) after the earlier one.
+ *     names d = kivi_cache_dependence(cache) (a char *), as depend(inoutset: d[0]) on a lane
+ *     (OpenMP 5.1: such tasks are not ordered among themselves) or depend(inout: d[0]).  A task
+ *     the caller creates with depend(out: d[0]) or depend(inout: d[0]) (say, a kernel writing
+ *     q) runs after all the library's earlier enqueued work and before all its later work; one
+ *     with depend(in: d[0]) (reading an output) after all the earlier work.
  *     OpenMP orders only sibling tasks: enqueue, name the dependence and wait from one thread.
  *   - Lengths and statistics (kivi_cache_seq_length, kivi_cache_get_stats) count an enqueued
  *     append at once; a failed one is taken back by the wait that reports it.
  *   - On a host context (and in builds without offload) the _async calls run synchronously and
  *     return the call's status; kivi_cache_wait then has nothing to wait for.
- * Enqueued work holds scratch memory; a call that needs more than the cache has waits for the
+ * Enqueued work holds scratch memory (each lane its own); a call that needs more than its lane has waits for the
  * enqueued work before growing it (the first call of a larger shape). */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_append_async(kivi_cache *cache, int layer, int n_seqs,
                                                             const int *seq_ids, const int *n_new,
@@ -321,7 +340,7 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend_async(kivi_cache *cach
                                                                 float *lse, kivi_mem mem);
 /* Waits for all work enqueued on the cache; KIVI_OK, or the first run-time error (see above). */
 KIVI_API kivi_status kivi_cache_wait(kivi_cache *cache);
-/* The address the cache's enqueued regions name in depend(inout: ...); NULL for NULL. */
+/* The address the cache's enqueued regions name in their depend clauses; NULL for NULL. */
 KIVI_API void *kivi_cache_dependence(kivi_cache *cache);
 
 #ifdef __cplusplus

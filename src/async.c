@@ -1,16 +1,19 @@
 /* Asynchronous execution: the bookkeeping of enqueued work and kivi_cache_wait.
  *
  * An _async call on a GPU context does its host-side work at once (validation, block
- * allocation, lengths, descriptors) and enqueues its device work as target regions with
- * `nowait depend(inout: c->dep[0])`: the OpenMP runtime runs them in call order, on its hidden
- * helper threads, while the caller goes on.  Host buffers those regions read are copies the
+ * allocation, lengths, descriptors) and enqueues its device work as `nowait` target regions
+ * with the dependences of its lane (internal.h): the OpenMP runtime runs the calls of a lane in
+ * call order, on its hidden helper threads, the lanes side by side, while the caller goes on.  Host buffers those regions read are copies the
  * library owns (kept until the wait), so the caller's inputs are free at return; outputs to host
  * memory arrive when the wait returns.
  *
- * Run-time errors: an enqueued append whose input is not finite records its id in the device
- * flag c->aflag; its kernels and those of every later enqueued call on the cache then do
- * nothing, and the wait undoes the host side of that append and of the later ones, returns
- * KIVI_ERR_NONFINITE and clears the flag.  The cache is then as it was before the failed call. */
+ * Run-time errors: an enqueued append whose input is not finite records its id in its layer's
+ * device flag (c->aflag[layer]); its kernels and those of every later enqueued append on the
+ * layer then do nothing, and the wait undoes the host side of those appends, returns
+ * KIVI_ERR_NONFINITE and clears the flag.  Each layer is then as if the calls on it from the
+ * failed append on had not been made; calls on other layers are not touched.  (Appends to one
+ * layer always run on one lane, in call order, so "later" is well defined per layer; across
+ * lanes it is not.) */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,26 +57,28 @@ int kivi_async_log_append(kivi_cache *c, int64_t id, int layer, int n_seqs, cons
   return 0;
 }
 
-void kivi_async_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t bytes) {
+void kivi_async_put(kivi_cache *c, int lane, void *dst_dev, const void *src_host, size_t bytes) {
   const int dev = c->ctx->device;
-  char *dep = c->dep;
-  (void)dep; /* named only in depend clauses */
+  char *dep_a, *dep_b; /* named only in depend clauses */
+  kivi_lane_deps(c, lane, &dep_a, &dep_b);
   unsigned char *d = dst_dev;
   const unsigned char *s = src_host;
   const int64_t n = (int64_t)bytes;
-#pragma omp target teams distribute parallel for device(dev) KIVI_LOOP_TEAMS nowait depend(inout : dep[0]) map(to : s[0:bytes]) \
+#pragma omp target teams distribute parallel for device(dev) KIVI_LOOP_TEAMS nowait depend(inout : dep_a[0]) \
+    depend(KIVI_DEP_SET : dep_b[0]) map(to : s[0:bytes]) \
     is_device_ptr(d)
   for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }
 
-void kivi_async_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t bytes) {
+void kivi_async_get(kivi_cache *c, int lane, void *dst_host, const void *src_dev, size_t bytes) {
   const int dev = c->ctx->device;
-  char *dep = c->dep;
-  (void)dep; /* named only in depend clauses */
+  char *dep_a, *dep_b; /* named only in depend clauses */
+  kivi_lane_deps(c, lane, &dep_a, &dep_b);
   unsigned char *d = dst_host;
   const unsigned char *s = src_dev;
   const int64_t n = (int64_t)bytes;
-#pragma omp target teams distribute parallel for device(dev) KIVI_LOOP_TEAMS nowait depend(inout : dep[0]) map(from : d[0:bytes]) \
+#pragma omp target teams distribute parallel for device(dev) KIVI_LOOP_TEAMS nowait depend(inout : dep_a[0]) \
+    depend(KIVI_DEP_SET : dep_b[0]) map(from : d[0:bytes]) \
     is_device_ptr(s)
   for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }
@@ -94,18 +99,30 @@ kivi_status kivi_async_drain(kivi_cache *c) {
   char *dep = c->dep;
   (void)dep; /* named only in depend clauses */
 #pragma omp taskwait depend(inout : dep[0])
+  /* the layers' flags, 64 at a time: on each layer with a failed append, undo it and the
+   * layer's later ones, newest first, then clear the flag */
   kivi_status st = KIVI_OK;
-  int64_t failed = 0;
-  if (c->aflag && kivi_dev_get(c->ctx, &failed, c->aflag, sizeof failed)) st = KIVI_ERR_DEVICE;
-  if (failed) {
-    /* undo the failed append and every later one, newest first */
+  enum { CHUNK = 64 };
+  const int NL = c->cfg.n_layers;
+  for (int l0 = 0; l0 < NL && st != KIVI_ERR_DEVICE; l0 += CHUNK) {
+    const int nl = NL - l0 < CHUNK ? NL - l0 : CHUNK;
+    int64_t failed[CHUNK];
+    if (kivi_dev_get(c->ctx, failed, c->aflag + l0, (size_t)nl * sizeof *failed)) {
+      st = KIVI_ERR_DEVICE;
+      break;
+    }
+    int any = 0;
+    for (int l = 0; l < nl; ++l) any |= failed[l] != 0;
+    if (!any) continue;
     for (size_t i = c->n_log; i-- > 0;) {
       const kivi_async_append *a = &c->log[i];
-      if (a->id < failed) break;
-      kivi_append_rollback(c, a->layer, a->n_seqs, a->seq_ids, a->n_new);
+      const int l = a->layer - l0;
+      if (l >= 0 && l < nl && failed[l] && a->id >= failed[l])
+        kivi_append_rollback(c, a->layer, a->n_seqs, a->seq_ids, a->n_new);
     }
-    const int64_t zero = 0;
-    st = kivi_dev_put(c->ctx, c->aflag, &zero, sizeof zero) ? KIVI_ERR_DEVICE : KIVI_ERR_NONFINITE;
+    memset(failed, 0, sizeof failed);
+    st = kivi_dev_put(c->ctx, c->aflag + l0, failed, (size_t)nl * sizeof *failed) ? KIVI_ERR_DEVICE
+                                                                                 : KIVI_ERR_NONFINITE;
   }
   for (size_t i = 0; i < c->n_log; ++i) free(c->log[i].seq_ids);
   for (size_t i = 0; i < c->n_keep; ++i) free(c->keep[i]);

@@ -106,17 +106,17 @@ static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, i
 
 /* Host input to device memory: a synchronous copy, or (async) a copy the cache keeps until the
  * wait, uploaded in order.  KIVI_ERR_NOMEM / KIVI_ERR_DEVICE on failure. */
-static kivi_status put_input(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
+static kivi_status put_input(kivi_cache *c, int async, int lane, void *dst, const void *src, size_t bytes) {
   if (!async) return kivi_dev_put(c->ctx, dst, src, bytes) ? KIVI_ERR_DEVICE : KIVI_OK;
   const void *k = kivi_async_keep_copy(c, src, bytes);
   if (!k) return KIVI_ERR_NOMEM;
-  kivi_async_put(c, dst, k, bytes);
+  kivi_async_put(c, lane, dst, k, bytes);
   return KIVI_OK;
 }
 
-static int get_output(kivi_cache *c, int async, void *dst, const void *src, size_t bytes) {
+static int get_output(kivi_cache *c, int async, int lane, void *dst, const void *src, size_t bytes) {
   if (!async) return kivi_dev_get(c->ctx, dst, src, bytes);
-  kivi_async_get(c, dst, src, bytes);
+  kivi_async_get(c, lane, dst, src, bytes);
   return 0;
 }
 
@@ -124,7 +124,7 @@ static int get_output(kivi_cache *c, int async, void *dst, const void *src, size
  * pointers or NULL. */
 static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *hd, const att_plan *pl, int HQ,
                             const float *q, const float *kn, const float *vn, float scale, void *out, int out_f16,
-                            float *lse, unsigned char *scratch, int async) {
+                            float *lse, unsigned char *scratch, int async, int lane) {
   const kivi_context *ctx = c->ctx;
   const kivi_layout lay = c->lay;
   const int H = lay.H, D = lay.D, R = lay.R, G = lay.G, NL = c->cfg.n_layers, MB = c->max_blocks;
@@ -136,17 +136,18 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
    * fast kernel counts per (row, query head) */
   int64_t ngroups = (int64_t)rows * H * nqc;
   if (pl->fused && (int64_t)rows * HQ > ngroups) ngroups = (int64_t)rows * HQ;
-  if ((size_t)ngroups * 4 > c->cnt.bytes) {
-    if (kivi_async_reserve(c, &c->cnt, (size_t)ngroups * 4)) return KIVI_ERR_NOMEM;
+  kivi_scratch *cs = &kivi_lane_at(c, lane)->cnt;
+  if ((size_t)ngroups * 4 > cs->bytes) {
+    if (kivi_async_reserve(c, cs, (size_t)ngroups * 4)) return KIVI_ERR_NOMEM;
     unsigned *zeros = calloc((size_t)ngroups, 4);
-    const int err = !zeros || kivi_dev_put(ctx, c->cnt.p, zeros, (size_t)ngroups * 4);
+    const int err = !zeros || kivi_dev_put(ctx, cs->p, zeros, (size_t)ngroups * 4);
     free(zeros);
     if (err) {
-      kivi_scratch_free(ctx, &c->cnt);
+      kivi_scratch_free(ctx, cs);
       return KIVI_ERR_DEVICE;
     }
   }
-  unsigned *cnt = c->cnt.p;
+  unsigned *cnt = cs->p;
 
   /* scratch: dd | part_o | part_ml */
   int64_t *dd = (int64_t *)scratch;
@@ -155,7 +156,7 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   /* the descriptor: uploaded for the portable kernel, copied in with the fast kernel's launch */
   const size_t ddn = (size_t)R_NCOLS * rows;
   if (nitems > 0) {
-    const kivi_status pst = put_input(c, async, dd, hd, ddn * 8);
+    const kivi_status pst = put_input(c, async, lane, dd, hd, ddn * 8);
     if (pst) return pst;
   }
   const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
@@ -163,7 +164,7 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
     const int64_t *hdk = async ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
     if (!hdk) return KIVI_ERR_NOMEM;
     kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots, q,
-                         qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async);
+                         qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
   }
   c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 || pl->fused ? KIVI_KERNEL_GPU_F16X2 : 0u);
   if (nitems == 0) return KIVI_OK;
@@ -244,22 +245,24 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t osz = out_dtype == KIVI_F16 ? 2 : 4;
   const size_t host_io = mem == KIVI_MEM_HOST ? pad16(nq * 4) + pad16(nq * osz) : 0;
   const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads, 1);
-  if (kivi_async_reserve(c, &c->work, host_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
+  const int lane = kivi_lane_of(c, layer, 1); /* decode calls run on their layer's lane */
+  kivi_scratch *work = &kivi_lane_at(c, lane)->work;
+  if (kivi_async_reserve(c, work, host_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
-  unsigned char *w = c->work.p;
+  unsigned char *w = work->p;
   const float *dq = q;
   void *dout = out;
   if (mem == KIVI_MEM_HOST) {
-    if ((st = put_input(c, async, w, q, nq * 4))) { free(hd); return st; }
+    if ((st = put_input(c, async, lane, w, q, nq * 4))) { free(hd); return st; }
     dq = (const float *)w;
     dout = w + pad16(nq * 4);
   }
   st = run_rows(c, layer, n_seqs, hd, &pl, n_q_heads, dq, NULL, NULL, scale, dout, out_dtype == KIVI_F16,
-                NULL, w + host_io, async);
+                NULL, w + host_io, async, lane);
   free(hd);
-  if (!st && mem == KIVI_MEM_HOST && get_output(c, async, out, dout, nq * osz)) st = KIVI_ERR_DEVICE;
+  if (!st && mem == KIVI_MEM_HOST && get_output(c, async, lane, out, dout, nq * osz)) st = KIVI_ERR_DEVICE;
   if (async) ++c->pending;
   return st;
 }
@@ -306,11 +309,13 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t nq = (size_t)rows * n_q_heads * D, nkv = (size_t)rows * H * D, nl = (size_t)rows * n_q_heads;
   const size_t host_io = mem == KIVI_MEM_HOST ? 2 * pad16(nq * 4) + 2 * pad16(nkv * 4) + pad16(nl * 4) : 0;
   const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads, 0);
-  if (kivi_async_reserve(c, &c->work, host_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
+  const int lane = kivi_lane_of(c, layer, 0); /* extend calls run off the lanes */
+  kivi_scratch *work = &kivi_lane_at(c, lane)->work;
+  if (kivi_async_reserve(c, work, host_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
-  unsigned char *w = c->work.p;
+  unsigned char *w = work->p;
   const float *dq = q, *dk = k_new, *dv = v_new;
   float *dout = out, *dlse = lse;
   if (mem == KIVI_MEM_HOST) {
@@ -320,16 +325,17 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
     dv = (const float *)p;  p += pad16(nkv * 4);
     dout = (float *)p;      p += pad16(nq * 4);
     dlse = lse ? (float *)p : NULL;
-    if ((st = put_input(c, async, (void *)dq, q, nq * 4)) || (st = put_input(c, async, (void *)dk, k_new, nkv * 4)) ||
-        (st = put_input(c, async, (void *)dv, v_new, nkv * 4))) {
+    if ((st = put_input(c, async, lane, (void *)dq, q, nq * 4)) ||
+        (st = put_input(c, async, lane, (void *)dk, k_new, nkv * 4)) ||
+        (st = put_input(c, async, lane, (void *)dv, v_new, nkv * 4))) {
       free(hd);
       return st;
     }
   }
-  st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io, async);
+  st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io, async, lane);
   free(hd);
   if (!st && mem == KIVI_MEM_HOST &&
-      (get_output(c, async, out, dout, nq * 4) || (lse && get_output(c, async, lse, dlse, nl * 4))))
+      (get_output(c, async, lane, out, dout, nq * 4) || (lse && get_output(c, async, lane, lse, dlse, nl * 4))))
     st = KIVI_ERR_DEVICE;
   if (async) ++c->pending;
   return st;

@@ -132,10 +132,11 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
  * and R_LC columns), copied in with the launch (kept until the wait when async).  Slots at or
  * beyond a row's own Lf / fs get l = 0.  fused (out != NULL, decode calls): slot nf is the
  * row's tail [Lf, Lc), nslots = nf + 1, and the kernel combines into out (f32 or f16) with the
- * arrival counters cnt [rows][HQ] (zero between calls). */
+ * arrival counters cnt [rows][HQ] (zero between calls).  async: enqueued on the lane's
+ * dependences (region_twice.inc). */
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                           int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
-                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async) {
+                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane) {
   const unsigned char *pool = c->pool;
   const int32_t *bt = c->bt, *vexp = c->vexp;
   const uint16_t *kres = c->kres, *vres = c->vres;
@@ -167,9 +168,9 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
 }
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                           int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
-                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async) {
+                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane) {
   (void)c; (void)layer; (void)rows; (void)HQ; (void)dd; (void)ndd; (void)col_seq; (void)col_beg; (void)col_lc; (void)fs;
   (void)nf; (void)nslots; (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)cnt; (void)out; (void)out_f16;
-  (void)async;
+  (void)async; (void)lane;
 }
 #endif

@@ -37,6 +37,7 @@ void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads
   cfg->group = 32;
   cfg->residual = 128;
   cfg->attention = KIVI_ATTENTION_FAST;
+  cfg->async_lanes = 1;
 }
 
 static int bits_ok(int b) { return b == 2 || b == 4 || b == 8 || b == 16; }
@@ -54,6 +55,7 @@ kivi_status kivi_cache_config_check(const kivi_cache_config *c) {
   if (c->head_dim % c->group) return KIVI_ERR_UNSUPPORTED;
   if (c->residual % c->group || c->residual > KIVI_MAX_RESIDUAL) return KIVI_ERR_UNSUPPORTED;
   if (c->attention != KIVI_ATTENTION_FAST && c->attention != KIVI_ATTENTION_FP32) return KIVI_ERR_ARG;
+  if (c->async_lanes < 0 || c->async_lanes > KIVI_MAX_ASYNC_LANES) return KIVI_ERR_ARG;
   return KIVI_OK;
 }
 
@@ -71,9 +73,11 @@ void kivi_cache_destroy(kivi_cache *c) {
   kivi_dev_free(ctx, c->vres);
   kivi_dev_free(ctx, c->bt);
   kivi_dev_free(ctx, c->vexp);
-  kivi_scratch_free(ctx, &c->stage);
-  kivi_scratch_free(ctx, &c->work);
-  kivi_scratch_free(ctx, &c->cnt);
+  for (int i = 0; i < KIVI_MAX_ASYNC_LANES; ++i) {
+    kivi_scratch_free(ctx, &c->lanes[i].stage);
+    kivi_scratch_free(ctx, &c->lanes[i].work);
+    kivi_scratch_free(ctx, &c->lanes[i].cnt);
+  }
   free(c->bt_host);
   free(c->len);
   free(c->free_list);
@@ -90,6 +94,7 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   if (!c) return KIVI_ERR_NOMEM;
   c->ctx = ctx;
   c->cfg = *cfg;
+  c->n_lanes = cfg->async_lanes > 1 ? cfg->async_lanes : 1;
   const int R = cfg->residual, S = cfg->max_seqs, NL = cfg->n_layers;
   if (kivi_layout_init(&c->lay, cfg->head_dim, cfg->n_kv_heads, cfg->group, R, cfg->k_bits, cfg->v_bits)) {
     free(c);
@@ -106,7 +111,8 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
   c->vexp = kivi_dev_alloc(ctx, (size_t)NL * cfg->n_kv_heads * 2 * 4);
-  c->aflag = kivi_dev_alloc(ctx, 2 * sizeof *c->aflag);
+  const size_t nflag = (size_t)NL + KIVI_MAX_ASYNC_LANES;
+  c->aflag = kivi_dev_alloc(ctx, nflag * sizeof *c->aflag);
   c->bt_host = malloc(bt_n * 4);
   c->len = calloc((size_t)S * NL, 4);
   c->free_list = malloc((size_t)(c->n_blocks > 0 ? c->n_blocks : 1) * 4);
@@ -121,14 +127,17 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->n_free = c->n_blocks;
   const size_t nvexp = (size_t)NL * cfg->n_kv_heads * 2;
   int32_t *vexp0 = malloc(nvexp * 4);
-  if (!vexp0) {
+  int64_t *zero = calloc(nflag, sizeof *zero);
+  if (!vexp0 || !zero) {
+    free(vexp0);
+    free(zero);
     kivi_cache_destroy(c);
     return KIVI_ERR_NOMEM;
   }
   for (size_t i = 0; i < nvexp; ++i) vexp0[i] = -14; /* 2^-14 bounds fp16 subnormals */
-  const int64_t zero[2] = {0, 0};
   const int put_err = kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4) || kivi_dev_put(ctx, c->vexp, vexp0, nvexp * 4) ||
-                      kivi_dev_put(ctx, c->aflag, zero, sizeof zero);
+                      kivi_dev_put(ctx, c->aflag, zero, nflag * sizeof *zero);
+  free(zero);
   free(vexp0);
   if (put_err) {
     kivi_cache_destroy(c);
@@ -302,7 +311,13 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t f16 = (nel * 2 + 15) & ~(size_t)15, sdesc = (n_desc * 8 + 15) & ~(size_t)15;
   unsigned char *img = malloc(head + raw);
   const size_t nvx = (size_t)n_seqs * H * 2 * 4; /* the one-kernel append's V bounds per pair */
-  if (!img || kivi_async_reserve(c, &c->stage, sdesc + 2 * f16 + nvx)) {
+  /* the one-kernel append: its last block writes every pair's new window tokens.  It runs on
+   * its layer's lane; the three-kernel append (a prefill) on lane 0, ordered with all lanes. */
+  const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX &&
+                    n_seqs <= KIVI_APPEND_FUSED_SEQS;
+  const int lane = kivi_lane_of(c, layer, fused);
+  kivi_scratch *stage = &kivi_lane_at(c, lane)->stage;
+  if (!img || kivi_async_reserve(c, stage, sdesc + 2 * f16 + nvx)) {
     free(img);
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NOMEM;
@@ -345,16 +360,15 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   }
   const size_t n_img = head + raw;
   const int host_in = mem == KIVI_MEM_HOST;
-  int64_t *dd = (int64_t *)c->stage.p; /* the descriptor copy, written by kernel 1 */
-  /* the cache's flag: 0 between calls, or the id of the first failed enqueued append */
-  int64_t *flag = c->aflag;
+  int64_t *dd = (int64_t *)stage->p; /* the descriptor copy, written by kernel 1 */
+  /* the layer's flag: 0 between calls, or the id of its first failed enqueued append; and the
+   * lane's arrival counter of the one-kernel append */
+  int64_t *flag = c->aflag + layer, *arrive = c->aflag + NL + (lane < 0 ? 0 : lane);
+  (void)arrive; /* the one-kernel append's only */
   const void *kdev = host_in ? NULL : k, *vdev = host_in ? NULL : v;
-  uint16_t *kst = (uint16_t *)((unsigned char *)c->stage.p + sdesc), *vst = kst + f16 / 2;
+  uint16_t *kst = (uint16_t *)((unsigned char *)stage->p + sdesc), *vst = kst + f16 / 2;
   const int64_t n_kb = kb, n_vq = vq;
   int64_t flag_out = 0; /* the flag after the kernels (synchronous calls) */
-  /* the one-kernel append: its last block writes every pair's new window tokens */
-  const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX &&
-                    n_seqs <= KIVI_APPEND_FUSED_SEQS;
 
 #define KIVI_REGION_FILE "cache_append.inc"
 #include "region_twice.inc"
@@ -368,7 +382,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
     if (flag_out) {
       const int64_t zero = 0;
       append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
-      return kivi_dev_put(ctx, c->aflag, &zero, sizeof zero) ? KIVI_ERR_DEVICE : KIVI_ERR_NONFINITE;
+      return kivi_dev_put(ctx, flag, &zero, sizeof zero) ? KIVI_ERR_DEVICE : KIVI_ERR_NONFINITE;
     }
   }
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];

@@ -29,6 +29,15 @@ extern int kivi_loop_threads;
 #define KIVI_LOOP_TEAMS
 #endif
 
+/* The dependence type that leaves tasks of the same type unordered among themselves (OpenMP
+ * 5.1 inoutset).  Only builds with offload enqueue regions; gcc 12 rejects inoutset on target
+ * constructs, and host-only builds never run the enqueued variant, so they name inout. */
+#if KIVI_HAVE_OFFLOAD
+#define KIVI_DEP_SET inoutset
+#else
+#define KIVI_DEP_SET inout
+#endif
+
 /* Team-shared arrays: the allocate directive only in the device pass (gcc rejects it, and on
  * the host fallback an automatic array of the teams region already is one copy per team). */
 #if defined(__NVPTX__) || defined(__AMDGCN__)
@@ -58,6 +67,20 @@ typedef struct kivi_scratch {
 int kivi_scratch_reserve(const kivi_context *ctx, kivi_scratch *s, size_t bytes);
 void kivi_scratch_free(const kivi_context *ctx, kivi_scratch *s);
 
+/* Lanes of a cache (kivi_cache_config.async_lanes, n).  A decode call and a one-kernel append
+ * (a decode step's) run on the lane of their layer, layer % n; other calls (prefill appends,
+ * extend) run off the lanes, ordered with all of them, on lane 0's scratch.  Each lane has its
+ * own scratch, so the enqueued calls of different lanes can run at the same time: the layers of
+ * a decode step then overlap (under LLVM 19 each dependent enqueued region costs ~30 us on the
+ * host before the next one starts).  With n = 1 every call is ordered after the previous one. */
+typedef struct kivi_lane {
+  char dep[8];        /* the lane's dependence address */
+  kivi_scratch stage; /* append: the descriptor copy kernel 1 writes, fp16 K and V tokens,
+                         the one-kernel append's V bounds per (sequence, kv-head) */
+  kivi_scratch work;  /* attention: q, partials, outputs */
+  kivi_scratch cnt;   /* attention: arrival counters of the split groups (kept zero) */
+} kivi_lane;
+
 struct kivi_cache {
   kivi_context *ctx;
   kivi_cache_config cfg;
@@ -74,20 +97,23 @@ struct kivi_cache {
   unsigned last_kernels; /* KIVI_KERNEL_* bits of the last attention call */
   int32_t *free_list;   /* host: stack of free block ids */
   int64_t n_free;
-  kivi_scratch stage;   /* append: the descriptor copy kernel 1 writes, fp16 K and V tokens,
-                           the one-kernel append's V bounds per (sequence, kv-head) */
-  kivi_scratch work;    /* attention: q, partials, outputs */
-  kivi_scratch cnt;     /* attention: arrival counters of the split groups (kept zero) */
+  int n_lanes;          /* cfg.async_lanes, 1 for 0 */
+  kivi_lane lanes[KIVI_MAX_ASYNC_LANES]; /* scratch and dependence of each lane (kivi_lane_of) */
 
-  /* Asynchronous execution (async.c; GPU contexts only).  Every region an _async call enqueues
-   * carries nowait depend(inout: dep[0]), so they run in call order; kivi_cache_wait waits for
-   * them.  The host side (lengths, block tables) is updated at enqueue time. */
+  /* Asynchronous execution (async.c; GPU contexts only).  An _async call enqueues its regions
+   * with `nowait depend(inout: a[0]) depend(inoutset: b[0])`: a call on a lane has a = its
+   * lane's dep, b = c->dep, so the calls of one lane run in call order and the lanes run side by
+   * side; a call off the lanes has a = c->dep, b = lanes[0].dep, so it runs after everything
+   * enqueued before it and before everything enqueued after it.  The caller's tasks that name
+   * c->dep in/out/inout are ordered with all of them.  kivi_cache_wait waits for them.  The host
+   * side (lengths, block tables) is updated at enqueue time. */
   char dep[8];             /* the dependence address (kivi_cache_dependence) */
   int64_t pending;         /* calls enqueued since the last wait */
-  int64_t *aflag;          /* device, 2 values.  [0]: 0, or the id of the first append whose
-                              input was not finite (later enqueued kernels on the cache then do
-                              nothing); a synchronous append that fails clears it before it
-                              returns.  [1]: arrival counter of the one-kernel append (kept 0) */
+  int64_t *aflag;          /* device, n_layers + KIVI_MAX_ASYNC_LANES values.  [layer]: 0, or the id
+                              of the layer's first append whose input was not finite (later
+                              enqueued appends on that layer then do nothing); a synchronous
+                              append that fails clears it before it returns.  [n_layers + lane]:
+                              the arrival counter of the lane's one-kernel appends (kept 0) */
   int64_t next_id;         /* ids of appends since the last wait: 1, 2, ... */
   struct kivi_async_append *log; /* the enqueued appends since the last wait, for rollback */
   size_t n_log, cap_log;
@@ -107,13 +133,23 @@ int kivi_async_keep(kivi_cache *c, void *host);  /* frees host at the next wait;
 void *kivi_async_keep_copy(kivi_cache *c, const void *src, size_t bytes); /* a kept copy, or NULL */
 int kivi_async_log_append(kivi_cache *c, int64_t id, int layer, int n_seqs, const int *seq_ids, const int *n_new);
 /* Enqueued copies between host and the cache's device (ordered with the cache's other work). */
-void kivi_async_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t bytes);
-void kivi_async_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t bytes);
+void kivi_async_put(kivi_cache *c, int lane, void *dst_dev, const void *src_host, size_t bytes);
+void kivi_async_get(kivi_cache *c, int lane, void *dst_host, const void *src_dev, size_t bytes);
 /* kivi_scratch_reserve for a cache with enqueued work: waits first when the scratch must grow
  * (enqueued regions may still use the old allocation). */
 int kivi_async_reserve(kivi_cache *c, kivi_scratch *s, size_t bytes);
 /* Undoes the host side of an append (lengths already advanced), cache.c. */
 void kivi_append_rollback(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new);
+
+/* The lane of a call on `layer`: its layer's if `laned`, else -1 (off the lanes: lane 0's
+ * scratch, ordered with every lane). */
+static inline int kivi_lane_of(const kivi_cache *c, int layer, int laned) { return laned ? layer % c->n_lanes : -1; }
+static inline kivi_lane *kivi_lane_at(kivi_cache *c, int lane) { return &c->lanes[lane < 0 ? 0 : lane]; }
+/* The addresses an enqueued region of the lane names: depend(inout: a[0]) depend(inoutset: b[0]). */
+static inline void kivi_lane_deps(kivi_cache *c, int lane, char **a, char **b) {
+  *a = lane >= 0 ? c->lanes[lane].dep : c->dep;
+  *b = lane >= 0 ? c->dep : c->lanes[0].dep;
+}
 
 static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
   return c->bt_host + ((size_t)seq * c->cfg.n_layers + layer) * c->max_blocks;
@@ -130,7 +166,7 @@ static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
 int kivi_gpu_fast_eligible(const kivi_cache *c);
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                           int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
-                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async);
+                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
 
 /* Export blob size of a (sequence, layer) of length L; import of such a blob (cache.c). */
 size_t kivi_export_size(const kivi_cache *c, int64_t L);

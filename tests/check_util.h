@@ -41,18 +41,25 @@ static inline kivi_context *tu_context(void) {
   return ctx;
 }
 
-/* A cache of the given geometry on ctx (paper defaults for everything else). */
-static inline kivi_cache *tu_cache(kivi_context *ctx, int layers, int H, int D, int seqs, int maxlen, int kb, int vb,
-                                   int G, int R) {
+/* A cache of the given geometry on ctx, with `lanes` asynchronous lanes (paper defaults for
+ * everything else). */
+static inline kivi_cache *tu_cache_lanes(kivi_context *ctx, int layers, int H, int D, int seqs, int maxlen, int kb,
+                                         int vb, int G, int R, int lanes) {
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, layers, H, D, seqs, maxlen);
   cfg.k_bits = kb;
   cfg.v_bits = vb;
   cfg.group = G;
   cfg.residual = R;
+  cfg.async_lanes = lanes;
   kivi_cache *c = NULL;
   ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
   return c;
+}
+
+static inline kivi_cache *tu_cache(kivi_context *ctx, int layers, int H, int D, int seqs, int maxlen, int kb, int vb,
+                                   int G, int R) {
+  return tu_cache_lanes(ctx, layers, H, D, seqs, maxlen, kb, vb, G, R, 1);
 }
 
 /* Snapshot of everything observable: every (seq, layer) export and length, and the stats. */

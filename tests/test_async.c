@@ -86,15 +86,19 @@ static kivi_status run_script(kivi_cache *c, const script *s, float *out, int as
 
 static size_t out_floats(const geom *g) { return (size_t)NL * (STEPS + 5) * SEQS * HQ * g->D; }
 
-static kivi_cache *geom_cache(kivi_context *ctx, const geom *g) {
-  return tu_cache(ctx, NL, g->H, g->D, SEQS, 2048, g->kb, g->vb, g->G, g->R);
+static kivi_cache *geom_cache_lanes(kivi_context *ctx, const geom *g, int lanes) {
+  return tu_cache_lanes(ctx, NL, g->H, g->D, SEQS, 2048, g->kb, g->vb, g->G, g->R, lanes);
 }
+
+static kivi_cache *geom_cache(kivi_context *ctx, const geom *g) { return geom_cache_lanes(ctx, g, 1); }
 
 START_TEST(async_equals_sync) {
   kivi_context *ctx = tu_context();
   const geom *g = &GEOMS[_i];
   script s = make_script(*g, 10 + (uint64_t)_i);
-  kivi_cache *a = geom_cache(ctx, g), *b = geom_cache(ctx, g);
+  /* the enqueued run on a cache with a lane per layer (the default, one lane, is in
+   * interleaved_caches) */
+  kivi_cache *a = geom_cache(ctx, g), *b = geom_cache_lanes(ctx, g, NL);
   const size_t no = out_floats(g);
   float *oa = calloc(no, sizeof *oa), *ob = calloc(no, sizeof *ob);
   ck_assert_int_eq(run_script(a, &s, oa, 0), KIVI_OK);
@@ -186,11 +190,87 @@ START_TEST(interleaved_caches) {
 }
 END_TEST
 
+/* More layers than lanes (async_lanes = 8: a decode step's calls run on the lane layer % 8,
+ * prefill appends off the lanes, ordered with all of them): 11 layers, so layers 0 and 8 share
+ * a lane.
+ * Prefill of sequence 0 on every layer, decode steps with a prefill of sequence 1 arriving
+ * between two steps, device-memory q and outputs.  The enqueued run equals the synchronous one
+ * bit for bit, outputs and cache. */
+START_TEST(lanes_wrap) {
+  kivi_context *ctx = tu_context();
+  enum { L11 = 11, NSTEP = 4 };
+  const geom *g = &GEOMS[0];
+  const int D = g->D, n0 = 261, n1 = 190, ids[2] = {0, 1}, ones[2] = {1, 1};
+  const size_t st = (size_t)g->H * D, row = (size_t)2 * HQ * D;
+  const size_t ntok = (size_t)L11 * (n0 + n1 + 2 * NSTEP);
+  float *k = tu_random(ntok * st, 60, 1.0f), *v = tu_random(ntok * st, 61, 1.0f);
+  float *q = tu_random((size_t)L11 * NSTEP * row, 62, 1.0f);
+  void *dq = NULL, *dout[2] = {NULL, NULL};
+  const size_t nout = (size_t)L11 * NSTEP * row;
+  ck_assert_int_eq(kivi_context_alloc(ctx, nout * 4, &dq), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dq, q, nout * 4), KIVI_OK);
+  kivi_cache *c[2];
+  for (int r = 0; r < 2; ++r) { /* r = 0 synchronous, 1 enqueued */
+    c[r] = tu_cache_lanes(ctx, L11, g->H, D, 2, 2048, g->kb, g->vb, g->G, g->R, KIVI_MAX_ASYNC_LANES);
+    ck_assert_int_eq(kivi_context_alloc(ctx, nout * 4, &dout[r]), KIVI_OK);
+    size_t tok = 0;
+#define CALL(sync_call, async_call) ck_assert_int_eq(r ? (async_call) : (sync_call), KIVI_OK)
+    for (int l = 0; l < L11; ++l, tok += n0)
+      CALL(kivi_cache_append(c[r], l, 1, ids, &n0, k + tok * st, v + tok * st, KIVI_F32, KIVI_MEM_HOST),
+           kivi_cache_append_async(c[r], l, 1, ids, &n0, k + tok * st, v + tok * st, KIVI_F32, KIVI_MEM_HOST));
+    for (int step = 0; step < NSTEP; ++step) {
+      const int ns = step < 2 ? 1 : 2; /* sequence 1 joins after step 1 */
+      if (step == 2)
+        for (int l = L11 - 1; l >= 0; --l, tok += n1)
+          CALL(kivi_cache_append(c[r], l, 1, ids + 1, &n1, k + tok * st, v + tok * st, KIVI_F32, KIVI_MEM_HOST),
+               kivi_cache_append_async(c[r], l, 1, ids + 1, &n1, k + tok * st, v + tok * st, KIVI_F32,
+                                       KIVI_MEM_HOST));
+      for (int l = 0; l < L11; ++l, tok += (size_t)ns) {
+        const size_t at = ((size_t)l * NSTEP + step) * row;
+        CALL(kivi_cache_append(c[r], l, ns, ids, ones, k + tok * st, v + tok * st, KIVI_F32, KIVI_MEM_HOST),
+             kivi_cache_append_async(c[r], l, ns, ids, ones, k + tok * st, v + tok * st, KIVI_F32, KIVI_MEM_HOST));
+        CALL(kivi_attention_decode(c[r], l, ns, ids, HQ, (const float *)dq + at, 0.125f, (float *)dout[r] + at,
+                                   KIVI_F32, KIVI_MEM_DEVICE),
+             kivi_attention_decode_async(c[r], l, ns, ids, HQ, (const float *)dq + at, 0.125f,
+                                         (float *)dout[r] + at, KIVI_F32, KIVI_MEM_DEVICE));
+      }
+    }
+#undef CALL
+    ck_assert_int_eq(kivi_cache_wait(c[r]), KIVI_OK);
+  }
+  float *o0 = malloc(nout * 4), *o1 = malloc(nout * 4);
+  ck_assert_int_eq(kivi_context_download(ctx, o0, dout[0], nout * 4), KIVI_OK);
+  ck_assert_int_eq(kivi_context_download(ctx, o1, dout[1], nout * 4), KIVI_OK);
+  /* steps 0-1 write only sequence 0's half of each row block: compare those halves */
+  for (int l = 0; l < L11; ++l)
+    for (int step = 0; step < NSTEP; ++step) {
+      const size_t at = ((size_t)l * NSTEP + step) * row, n = step < 2 ? row / 2 : row;
+      ck_assert_int_eq(memcmp(o0 + at, o1 + at, n * 4), 0);
+    }
+  snapshot a = snap(c[0]), b = snap(c[1]);
+  same(&a, &b);
+  printf("lanes: %d layers (lanes wrap), a prefill between steps: enqueued = synchronous, bit for bit\n", L11);
+  free(a.bytes);
+  free(b.bytes);
+  free(o0);
+  free(o1);
+  for (int r = 0; r < 2; ++r) {
+    kivi_context_free(ctx, dout[r]);
+    kivi_cache_destroy(c[r]);
+  }
+  kivi_context_free(ctx, dq);
+  free(k);
+  free(v);
+  free(q);
+  kivi_context_destroy(ctx);
+}
+END_TEST
+
 /* A NaN in an enqueued append.  In host memory it fails the call itself on every context (the
  * host checks host inputs as it copies them).  In device memory, on a GPU the call returns OK
- * and the wait NONFINITE, the failed append and the later ones undone; on the host the call
- * fails (synchronous).  Either way the cache ends as the calls that succeeded left it, and
- * nothing is lost.  n2 = 7 takes the GPU's one-kernel append, n2 = 150 (> R) the three kernels. */
+ * and the wait NONFINITE, the failed append and the later ones on its layer undone (an append
+ * to another layer stays); on the host the call fails (synchronous).  Either way the cache ends
+ * as the calls that succeeded left it, and nothing is lost.  n2 = 7 takes the GPU's one-kernel append, n2 = 150 (> R) the three kernels. */
 START_TEST(error_reported_by_wait) {
   kivi_context *ctx = tu_context();
   kivi_context_info info;
@@ -205,16 +285,19 @@ START_TEST(error_reported_by_wait) {
   float q[HQ * 128], out[HQ * 128];
   for (int i = 0; i < HQ * 128; ++i) q[i] = 0.01f * (float)(i % 17);
 
-  for (int variant = 0; variant < 4; ++variant) { /* bit 0: a sync call reports (else the wait); bit 1: n2 = 150 */
+  /* bit 0: a sync call reports (else the wait); bit 1: n2 = 150; bit 2: a lane per layer */
+  for (int variant = 0; variant < 8; ++variant) {
     const int n2 = variant & 2 ? n2max : 7;
     memcpy(bad, k + (size_t)n1 * st, (size_t)n2 * st * sizeof *bad);
     bad[3 * st + 5] = NAN;
     ck_assert_int_eq(kivi_context_upload(ctx, dbad, bad, (size_t)n2 * st * sizeof *bad), KIVI_OK);
     const float *k3 = k + (size_t)(n1 + n2) * st, *v3 = v + (size_t)(n1 + n2) * st;
-    kivi_cache *c = geom_cache(ctx, g), *ref = geom_cache(ctx, g);
+    kivi_cache *c = geom_cache_lanes(ctx, g, variant & 4 ? NL : 1), *ref = geom_cache(ctx, g);
     ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     if (!info.on_gpu) /* synchronous: the append after the failed one does take place */
       ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n3, k3, v3, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    /* an append on another layer, enqueued after the failed one, takes place on every context */
+    ck_assert_int_eq(kivi_cache_append(ref, 1, 1, &seq, &n3, k3, v3, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     /* invalid arguments fail at the call and enqueue nothing */
     ck_assert_int_eq(kivi_cache_append_async(c, NL, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
     ck_assert_int_eq(kivi_attention_decode_async(c, 0, 1, &seq, HQ, q, 0.125f, out, KIVI_F32, KIVI_MEM_HOST),
@@ -227,6 +310,7 @@ START_TEST(error_reported_by_wait) {
     /* the NaN in device memory */
     const kivi_status s_bad = kivi_cache_append_async(c, 0, 1, &seq, &n2, dbad, dbad, KIVI_F32, KIVI_MEM_DEVICE);
     ck_assert_int_eq(s_bad, info.on_gpu ? KIVI_OK : KIVI_ERR_NONFINITE);
+    ck_assert_int_eq(kivi_cache_append_async(c, 1, 1, &seq, &n3, k3, v3, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     ck_assert_int_eq(kivi_cache_append_async(c, 0, 1, &seq, &n3, k3, v3, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     ck_assert_int_eq(kivi_attention_decode_async(c, 0, 1, &seq, HQ, q, 0.125f, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     const kivi_status reported = !(variant & 1) ? kivi_cache_wait(c)
@@ -242,7 +326,7 @@ START_TEST(error_reported_by_wait) {
     kivi_cache_destroy(c);
     kivi_cache_destroy(ref);
   }
-  printf("run-time error: %s; cache as before the failed append\n",
+  printf("run-time error: %s; its layer as before the failed append, the other layer's append kept\n",
          info.on_gpu ? "reported by the wait (and by a synchronous call)" : "reported by the call (host: synchronous)");
   kivi_context_free(ctx, dbad);
   free(k);
@@ -312,6 +396,7 @@ int main(void) {
   tcase_set_timeout(t, 1200);
   tcase_add_loop_test(t, async_equals_sync, 0, (int)(sizeof GEOMS / sizeof GEOMS[0]));
   tcase_add_test(t, interleaved_caches);
+  tcase_add_test(t, lanes_wrap);
   tcase_add_test(t, error_reported_by_wait);
   tcase_add_test(t, caller_dependence);
   suite_add_tcase(s, t);

@@ -44,7 +44,15 @@ START_TEST(config_validation) {
   EXPECT(head_dim, 48, KIVI_ERR_UNSUPPORTED);
   EXPECT(head_dim, 512, KIVI_ERR_UNSUPPORTED);
   EXPECT(head_dim, 0, KIVI_ERR_ARG);
+  EXPECT(async_lanes, -1, KIVI_ERR_ARG);
+  EXPECT(async_lanes, KIVI_MAX_ASYNC_LANES + 1, KIVI_ERR_ARG);
 #undef EXPECT
+  ck_assert_int_eq(cfg.async_lanes, 1);
+  bad = cfg;
+  bad.async_lanes = 0; /* the same as 1 */
+  ck_assert_int_eq(kivi_cache_config_check(&bad), KIVI_OK);
+  bad.async_lanes = KIVI_MAX_ASYNC_LANES;
+  ck_assert_int_eq(kivi_cache_config_check(&bad), KIVI_OK);
   bad = cfg;
   bad.head_dim = 64;
   bad.group = 128; /* V groups must divide head_dim */
