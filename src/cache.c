@@ -201,6 +201,7 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 #define KIVI_APPEND_U 8    /* window-copy items per thread of its commit, loads first */
 #define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
 #define KIVI_APPEND_FUSED_SEQS 64 /* and sequences */
+#define KIVI_APPEND_VCHUNK 8 /* tokens per item of the three-kernel append's value quantization */
 #if KIVI_APPEND_FUSED
 typedef unsigned kivi_v4u __attribute__((ext_vector_type(4))); /* 16 bytes: 8 fp16 channels */
 #endif
@@ -211,6 +212,34 @@ static inline uint16_t kivi_in_f16(const void *src, int64_t j, int dt) {
   if (dt == KIVI_F32) return kivi_f32_to_f16(((const float *)src)[j]);
   if (dt == KIVI_BF16) return kivi_f32_to_f16(kivi_bf16_to_f32(((const uint16_t *)src)[j]));
   return ((const uint16_t *)src)[j];
+}
+
+typedef struct kivi_f32x4 {
+  float v[4];
+} __attribute__((aligned(16))) kivi_f32x4;
+
+/* Elements j..j+7 (j a multiple of 8) of an input array of type dt as fp16, stored at out
+ * (16-byte aligned); nonzero if one is not finite.  vec: src is 16-byte aligned, so the
+ * values are read 16 bytes at a time. */
+static inline int kivi_in_f16x8(const void *src, int64_t j, int dt, int vec, uint16_t *out) {
+  kivi_f16x8 h;
+  if (vec && dt == KIVI_F32) {
+    const kivi_f32x4 a = ((const kivi_f32x4 *)src)[j / 4], b = ((const kivi_f32x4 *)src)[j / 4 + 1];
+    for (int e = 0; e < 4; ++e) {
+      h.v[e] = kivi_f32_to_f16(a.v[e]);
+      h.v[4 + e] = kivi_f32_to_f16(b.v[e]);
+    }
+  } else if (vec) {
+    h = kivi_ld8((const uint16_t *)src + j);
+    if (dt == KIVI_BF16)
+      for (int e = 0; e < 8; ++e) h.v[e] = kivi_f32_to_f16(kivi_bf16_to_f32(h.v[e]));
+  } else {
+    for (int e = 0; e < 8; ++e) h.v[e] = kivi_in_f16(src, j + e, dt);
+  }
+  int bad = 0;
+  for (int e = 0; e < 8; ++e) bad |= !kivi_f16_finite(h.v[e]);
+  *(kivi_f16x8 *)out = h;
+  return bad;
 }
 
 /* A memory fence (an orphaned flush: the one-kernel append's blocks publish their writes to the
