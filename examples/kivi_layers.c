@@ -7,12 +7,17 @@
  * step.  Two caches get the same data, so the outputs of the two runs must be bit-identical.
  *
  *   kivi_layers [--layers 30] [--heads 32] [--kv-heads 32] [--head-dim 128] [--context 4096]
- *               [--batch 1] [--steps 20] [--bits 2] [--lanes 8] [--device default|host|N] [--json FILE]
+ *               [--batch 1] [--steps 20] [--bits 2] [--lanes 8] [--chain 0] [--device default|host|N]
+ *               [--json FILE]
  *
  * --lanes N: the caches' async_lanes (kivi.h).  With 8, the enqueued calls of 8 layers run side
  * by side (the layers of this example are independent: synthetic q).  With 1, every enqueued
  * call waits for the one before it: the order a model imposes, where each layer's q comes from
  * the layer before.
+ *
+ * --chain 1: before each layer, a target region of the example's own derives the layer's q from
+ * the previous layer's output (enqueued with depend(in: d[0]) on the cache's dependence), so
+ * the layers depend on each other as in a model, whatever the lanes.
  *
  * Prints the wall time per step (per token) of each run. */
 #include <stdio.h>
@@ -32,17 +37,18 @@
   } while (0)
 
 int main(int argc, char **argv) {
-  stack_shape s = {30, 32, 32, 128, 1, 4096, 20, 2, KIVI_MAX_ASYNC_LANES};
+  stack_shape s = {30, 32, 32, 128, 1, 4096, 20, 2, KIVI_MAX_ASYNC_LANES, 0};
   int device = KIVI_DEVICE_DEFAULT;
   const char *json = NULL;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int *iv = !strcmp(a, "--layers") ? &s.layers : !strcmp(a, "--heads") ? &s.HQ : !strcmp(a, "--kv-heads") ? &s.H
             : !strcmp(a, "--head-dim") ? &s.D : !strcmp(a, "--context") ? &s.context : !strcmp(a, "--batch") ? &s.batch
-            : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits : !strcmp(a, "--lanes") ? &s.lanes : NULL;
+            : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits : !strcmp(a, "--lanes") ? &s.lanes
+            : !strcmp(a, "--chain") ? &s.chain : NULL;
     if (!v || (!iv && strcmp(a, "--device") && strcmp(a, "--json"))) {
       fprintf(stderr, "usage: kivi_layers [--layers N] [--heads N] [--kv-heads N] [--head-dim N] [--context N]\n"
-                      "                   [--batch N] [--steps N] [--bits 2|4|8|16] [--lanes 1..8]\n"
+                      "                   [--batch N] [--steps N] [--bits 2|4|8|16] [--lanes 1..8] [--chain 0|1]\n"
                       "                   [--device default|host|N] [--json F]\n");
       return 2;
     }
@@ -81,8 +87,8 @@ int main(int argc, char **argv) {
   kivi_cache_stats st;
   CHECK(kivi_cache_get_stats(cache[0], &st));
   printf("decode step of %d layers: %d q-heads / %d kv-heads x %d, %d-bit cache, batch %d, context %d, on %s, "
-         "%d async lane%s\n", s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context,
-         info.on_gpu ? "the GPU" : "host threads", s.lanes, s.lanes == 1 ? "" : "s");
+         "%d async lane%s%s\n", s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context,
+         info.on_gpu ? "the GPU" : "host threads", s.lanes, s.lanes == 1 ? "" : "s", s.chain ? ", layers chained" : "");
   printf("%-44s %12s %12s %10s\n", "", "median µs", "mean µs", "per layer");
   printf("%-44s %12.1f %12.1f %10.1f\n", "synchronous (append + decode, wait in each)", 1e6 * med[0], 1e6 * mean[0],
          1e6 * med[0] / s.layers);
@@ -95,9 +101,9 @@ int main(int argc, char **argv) {
     FILE *f = fopen(json, "w");
     if (f) {
       fprintf(f, "{\"layers\": %d, \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"bits\": %d, \"batch\": %d, "
-                 "\"context\": %d, \"steps\": %d, \"lanes\": %d, \"on_gpu\": %s,\n \"sync_median_us\": %.2f, \"sync_mean_us\": %.2f, "
+                 "\"context\": %d, \"steps\": %d, \"lanes\": %d, \"chain\": %d, \"on_gpu\": %s,\n \"sync_median_us\": %.2f, \"sync_mean_us\": %.2f, "
                  "\"async_median_us\": %.2f, \"async_mean_us\": %.2f, \"identical\": %s}\n",
-              s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context, s.steps, s.lanes, info.on_gpu ? "true" : "false", 1e6 * med[0],
+              s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context, s.steps, s.lanes, s.chain, info.on_gpu ? "true" : "false", 1e6 * med[0],
               1e6 * mean[0], 1e6 * med[1], 1e6 * mean[1], identical ? "true" : "false");
       fclose(f);
     }

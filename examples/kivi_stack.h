@@ -15,6 +15,7 @@
 typedef struct stack_shape {
   int layers, HQ, H, D, batch, context, steps, bits;
   int lanes; /* the cache's async_lanes */
+  int chain; /* 1: each layer's q is derived from the previous layer's output (stack_chain_q) */
 } stack_shape;
 
 /* The step inputs on the device (the same for every run, so runs can be compared bit for bit). */
@@ -22,7 +23,9 @@ typedef struct stack_inputs {
   kivi_context *ctx;
   float *kp, *vp;       /* host: the prompt's K/V [batch][context][H][D], the same on every layer */
   void *dk, *dv, *dq;   /* device: [steps][batch][H][D] K and V, [steps][layers][batch][HQ][D] q */
+  void *dqc;            /* device: [batch][HQ][D], the derived q of the current layer (chain) */
   int *ids, *ones, *lens;
+  int dev, on_gpu;      /* the context's OpenMP device, and whether it is a GPU */
 } stack_inputs;
 
 static inline double stack_now(void) {
@@ -61,6 +64,13 @@ static inline kivi_status stack_inputs_init(stack_inputs *in, kivi_context *ctx,
   if (!st) st = kivi_context_alloc(ctx, nk * 4, &in->dk);
   if (!st) st = kivi_context_alloc(ctx, nk * 4, &in->dv);
   if (!st) st = kivi_context_alloc(ctx, nq * 4, &in->dq);
+  if (!st) st = kivi_context_alloc(ctx, qrow * 4, &in->dqc);
+  kivi_context_info info;
+  if (!st) st = kivi_context_get_info(ctx, &info);
+  if (!st) {
+    in->dev = info.device;
+    in->on_gpu = info.on_gpu;
+  }
   if (!st) st = kivi_context_upload(ctx, in->dk, ks, nk * 4);
   if (!st) st = kivi_context_upload(ctx, in->dv, vs, nk * 4);
   if (!st) st = kivi_context_upload(ctx, in->dq, qs, nq * 4);
@@ -74,6 +84,7 @@ static inline void stack_inputs_free(stack_inputs *in) {
   kivi_context_free(in->ctx, in->dk);
   kivi_context_free(in->ctx, in->dv);
   kivi_context_free(in->ctx, in->dq);
+  kivi_context_free(in->ctx, in->dqc);
   free(in->kp);
   free(in->vp);
   free(in->ids);
@@ -94,9 +105,41 @@ static inline kivi_status stack_cache(const stack_inputs *in, const stack_shape 
   return st;
 }
 
+/* The caller's own work between two layers (chain): the q of layer l is its input q plus 2^-10
+ * times the output of layer l - 1, computed on the cache's device by a target region of the
+ * caller, as a model's projections would be.  Enqueued (async) with depend(in: d[0]), where
+ * d = kivi_cache_dependence(c): it runs after the calls enqueued before it (the decode of layer
+ * l - 1) and before those enqueued after it (the append and the decode of layer l).  Needs a
+ * build with OpenMP (examples/kivi_layers); elsewhere KIVI_ERR_UNSUPPORTED. */
+static inline kivi_status stack_chain_q(const stack_inputs *in, kivi_cache *c, int async, const float *q,
+                                        const float *o_prev, size_t n) {
+#ifdef _OPENMP
+  float *qc = in->dqc;
+  const int dev = in->dev;
+  const float *op = o_prev ? o_prev : q;
+  const float w = o_prev ? 0x1p-10f : 0.0f;
+  const long long nn = (long long)n;
+  char *d = kivi_cache_dependence(c);
+  (void)d; /* named only in depend clauses */
+  if (async && in->on_gpu) {
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(qc, q, op) nowait depend(in : d[0])
+    for (long long i = 0; i < nn; ++i) qc[i] = q[i] + w * op[i];
+  } else {
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(qc, q, op)
+    for (long long i = 0; i < nn; ++i) qc[i] = q[i] + w * op[i];
+  }
+  return KIVI_OK;
+#else
+  (void)in; (void)c; (void)async; (void)q; (void)o_prev; (void)n;
+  return KIVI_ERR_UNSUPPORTED;
+#endif
+}
+
 /* Runs the steps on c; step_s[steps]: wall time of each step; dout (device,
  * [layers][batch][HQ][D]) holds the last step's outputs.  async: all layers' calls enqueued and
- * one kivi_cache_wait per step; otherwise the synchronous calls. */
+ * one kivi_cache_wait per step; otherwise the synchronous calls.  chain: before each layer, its
+ * q from the previous layer's output (stack_chain_q), so the layers depend on each other as in a
+ * model; without it the layers' calls are independent (synthetic data). */
 static inline kivi_status stack_steps(const stack_inputs *in, const stack_shape *s, kivi_cache *c, int async,
                                       void *dout, double *step_s) {
   const size_t tok = (size_t)s->H * s->D, qrow = (size_t)s->batch * s->HQ * s->D;
@@ -109,8 +152,13 @@ static inline kivi_status stack_steps(const stack_inputs *in, const stack_shape 
     for (int l = 0; l < s->layers && !st; ++l) {
       const float *q = (const float *)in->dq + ((size_t)step * s->layers + l) * qrow;
       float *o = (float *)dout + (size_t)l * qrow;
-      st = async ? kivi_cache_append_async(c, l, s->batch, in->ids, in->ones, k, v, KIVI_F32, KIVI_MEM_DEVICE)
-                 : kivi_cache_append(c, l, s->batch, in->ids, in->ones, k, v, KIVI_F32, KIVI_MEM_DEVICE);
+      if (s->chain) {
+        st = stack_chain_q(in, c, async, q, l ? o - qrow : NULL, qrow);
+        q = in->dqc;
+      }
+      if (!st)
+        st = async ? kivi_cache_append_async(c, l, s->batch, in->ids, in->ones, k, v, KIVI_F32, KIVI_MEM_DEVICE)
+                   : kivi_cache_append(c, l, s->batch, in->ids, in->ones, k, v, KIVI_F32, KIVI_MEM_DEVICE);
       if (!st)
         st = async ? kivi_attention_decode_async(c, l, s->batch, in->ids, s->HQ, q, scale, o, KIVI_F32, KIVI_MEM_DEVICE)
                    : kivi_attention_decode(c, l, s->batch, in->ids, s->HQ, q, scale, o, KIVI_F32, KIVI_MEM_DEVICE);

@@ -8,3 +8,6 @@ b=${top_builddir:-.}
 # 10 layers, more than the caches' 8 async lanes, and the same with one lane (strict call order)
 "$b/examples/kivi_layers${EXEEXT:-}" --layers 10 --heads 8 --kv-heads 8 --head-dim 128 --context 700 --steps 2 --lanes 8
 "$b/examples/kivi_layers${EXEEXT:-}" --layers 10 --heads 8 --kv-heads 8 --head-dim 128 --context 700 --steps 2 --lanes 1
+# the layers chained through a target region of the example's own (ordered by the cache's
+# dependence object), 8 lanes
+"$b/examples/kivi_layers${EXEEXT:-}" --layers 10 --heads 8 --kv-heads 8 --head-dim 128 --context 700 --steps 2 --chain 1
