@@ -287,11 +287,11 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  * GPU context enqueues its device work (OpenMP target tasks on the cache's device) and returns
  * without waiting for it.
  *   - Order.  With async_lanes = 1 (the default), work enqueued on one cache runs in call order.
- *     With async_lanes = n > 1, the decode calls and the appends of at most residual tokens per
- *     sequence (a decode step's) of layer l run on lane l mod n: in call order with the other
- *     calls of that lane, side by side with the calls of other lanes.  Every other call (a
- *     longer append, extend) runs after all work enqueued before it and before all work
- *     enqueued after it.  So calls on one layer always run in call order; a device buffer one
+ *     With async_lanes = n > 1, the decode calls and the small appends (a decode step's: at
+ *     most residual tokens per sequence, at most 64 sequences and 2^18 new values) of layer l
+ *     run on lane l mod n: in call order with the other calls of that lane, side by side with
+ *     the calls of other lanes.  Every other call (a larger append, extend) runs after all work
+ *     enqueued before it and before all work enqueued after it.  So calls on one layer always run in call order; a device buffer one
  *     call writes and a call on another layer reads (or writes) must be ordered by the caller,
  *     through the dependence object below.  Lanes let the layers of a decode step overlap on
  *     the GPU when the caller enqueues several layers' work at once.
