@@ -291,10 +291,12 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *     most residual tokens per sequence, at most 64 sequences and 2^18 new values) of layer l
  *     run on lane l mod n: in call order with the other calls of that lane, side by side with
  *     the calls of other lanes.  Every other call (a larger append, extend) runs after all work
- *     enqueued before it and before all work enqueued after it.  So calls on one layer always run in call order; a device buffer one
- *     call writes and a call on another layer reads (or writes) must be ordered by the caller,
- *     through the dependence object below.  Lanes let the layers of a decode step overlap on
- *     the GPU when the caller enqueues several layers' work at once.
+ *     enqueued before it and before all work enqueued after it.  So calls on one layer always
+ *     run in call order; a device buffer that one call writes and a call on another layer reads
+ *     (or writes) must be ordered by the caller: a task of its own with depend(inout: d[0])
+ *     enqueued between the two calls does it (the dependence object below).  Lanes let the
+ *     layers of a decode step overlap on the GPU when the caller enqueues several layers' work
+ *     at once.
  *   - Inputs in host memory are copied at the call: the caller may reuse them at once.  Inputs
  *     in device memory must stay unchanged, and outputs must not be read, until the work is done.
  *   - Outputs (to host or device memory) are written when kivi_cache_wait returns.
@@ -307,9 +309,10 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *     That append and every append enqueued after it on the same layer then had no effect: the
  *     layer is as it was before the failed append, and the outputs of the attention calls
  *     enqueued after it on that layer are undefined.  Calls on other layers are not affected
- *     (they take place, as they would in the synchronous calls).  Errors are never lost: the synchronous calls on a cache with enqueued work,
- *     and kivi_cache_save/load/export_seq/reset_seq, wait first, and if that wait reports an error
- *     they return it and do nothing else.
+ *     (they take place, as they would in the synchronous calls).  Errors are never lost: the
+ *     synchronous calls on a cache with enqueued work, and kivi_cache_save/load/export_seq/
+ *     reset_seq, wait first, and if that wait reports an error they return it and do nothing
+ *     else.
  *   - Ordering with the caller's own target tasks: every region the library enqueues on a cache
  *     names d = kivi_cache_dependence(cache) (a char *), as depend(inoutset: d[0]) on a lane
  *     (OpenMP 5.1: such tasks are not ordered among themselves) or depend(inout: d[0]).  A task
@@ -321,8 +324,8 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *     append at once; a failed one is taken back by the wait that reports it.
  *   - On a host context (and in builds without offload) the _async calls run synchronously and
  *     return the call's status; kivi_cache_wait then has nothing to wait for.
- * Enqueued work holds scratch memory (each lane its own); a call that needs more than its lane has waits for the
- * enqueued work before growing it (the first call of a larger shape). */
+ * Enqueued work holds scratch memory (each lane its own); a call that needs more than its lane
+ * has waits for the enqueued work before growing it (the first call of a larger shape). */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_append_async(kivi_cache *cache, int layer, int n_seqs,
                                                             const int *seq_ids, const int *n_new,
                                                             const void *k, const void *v,
