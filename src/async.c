@@ -3,9 +3,9 @@
  * An _async call on a GPU context does its host-side work at once (validation, block
  * allocation, lengths, descriptors) and enqueues its device work as `nowait` target regions
  * with the dependences of its lane (internal.h): the OpenMP runtime runs the calls of a lane in
- * call order, on its hidden helper threads, the lanes side by side, while the caller goes on.  Host buffers those regions read are copies the
- * library owns (kept until the wait), so the caller's inputs are free at return; outputs to host
- * memory arrive when the wait returns.
+ * call order, on its hidden helper threads, the lanes side by side, while the caller goes on.
+ * Host buffers those regions read are copies the library owns (kept until the wait), so the
+ * caller's inputs are free at return; outputs to host memory arrive when the wait returns.
  *
  * Run-time errors: an enqueued append whose input is not finite records its id in its layer's
  * device flag (c->aflag[layer]); its kernels and those of every later enqueued append on the

@@ -10,8 +10,8 @@
  *   6. write the new tokens that stay fp16 into the rings (after 4 and 5 read the old slots).
  * Every quantized group reads fp16 values of the same tokens whatever the split, so the packed
  * bytes do not depend on how the tokens arrive.  On a GPU a small call (a decode step) does 2-6
- * in one kernel (append_fast.inc); otherwise kernel 1 does 2, kernel 2 does 4-5, kernel 3 does 6
- * (cache_append.inc). */
+ * in one kernel (append_fast.inc); otherwise kernel 1 does 2, kernel 2a does 4, kernel 2b does
+ * 5, kernel 3 does 6 (cache_append.inc). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,7 +201,7 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 #define KIVI_APPEND_U 8    /* window-copy items per thread of its commit, loads first */
 #define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
 #define KIVI_APPEND_FUSED_SEQS 64 /* and sequences */
-#define KIVI_APPEND_VCHUNK 8 /* tokens per item of the three-kernel append's value quantization */
+#define KIVI_APPEND_VCHUNK 8 /* tokens per item of the larger appends' value quantization (kernel 2b) */
 #if KIVI_APPEND_FUSED
 typedef unsigned kivi_v4u __attribute__((ext_vector_type(4))); /* 16 bytes: 8 fp16 channels */
 #endif
@@ -341,7 +341,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   unsigned char *img = malloc(head + raw);
   const size_t nvx = (size_t)n_seqs * H * 2 * 4; /* the one-kernel append's V bounds per pair */
   /* the one-kernel append: its last block writes every pair's new window tokens.  It runs on
-   * its layer's lane; the three-kernel append (a prefill) on lane 0, ordered with all lanes. */
+   * its layer's lane; a larger append (a prefill, four kernels) off the lanes, ordered with all. */
   const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX &&
                     n_seqs <= KIVI_APPEND_FUSED_SEQS;
   const int lane = kivi_lane_of(c, layer, fused);

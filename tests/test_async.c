@@ -270,7 +270,8 @@ END_TEST
  * host checks host inputs as it copies them).  In device memory, on a GPU the call returns OK
  * and the wait NONFINITE, the failed append and the later ones on its layer undone (an append
  * to another layer stays); on the host the call fails (synchronous).  Either way the cache ends
- * as the calls that succeeded left it, and nothing is lost.  n2 = 7 takes the GPU's one-kernel append, n2 = 150 (> R) the three kernels. */
+ * as the calls that succeeded left it, and nothing is lost.  n2 = 7 takes the GPU's one-kernel
+ * append, n2 = 150 (> R) the four kernels of a larger append. */
 START_TEST(error_reported_by_wait) {
   kivi_context *ctx = tu_context();
   kivi_context_info info;
