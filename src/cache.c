@@ -202,9 +202,6 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 #define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
 #define KIVI_APPEND_FUSED_SEQS 64 /* and sequences */
 #define KIVI_APPEND_VCHUNK 8 /* tokens per item of the larger appends' value quantization (kernel 2b) */
-#if KIVI_APPEND_FUSED
-typedef unsigned kivi_v4u __attribute__((ext_vector_type(4))); /* 16 bytes: 8 fp16 channels */
-#endif
 
 #pragma omp declare target
 /* Element j of an input array of type dt, as fp16 (NaN/Inf/out of range become Inf or NaN). */

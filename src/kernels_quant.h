@@ -166,13 +166,26 @@ static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay,
   }
 }
 
-/* Raises the exponent bounds vexp2[0..1] of V scales and zeros (the GPU f16x2 kernel's
- * ranges) to e0 and e1 (kivi_f16_exp_bound of scales and zeros). */
-static inline void kivi_vexp_raise(int32_t *vexp2, int e0, int e1) {
+/* Exponent bounds of V scales and zeros (the GPU f16x2 kernel's ranges): -14 is no bound (fp16
+ * subnormals); e2[0..1] rise to cover the stored {scale, zero} pair sz (none if NULL). */
+static inline void kivi_vexp_fold(int e2[2], const uint16_t *sz) {
+  if (!sz) return;
+  for (int e = 0; e < 2; ++e) {
+    const int x = kivi_f16_exp_bound(sz[e]);
+    e2[e] = x > e2[e] ? x : e2[e];
+  }
+}
+
+/* Raises the bounds vexp2[0..1] (global or team memory, shared by other threads) to e2[0..1]
+ * atomically; a bound of -14 raises nothing, so it costs no atomic. */
+static inline void kivi_vexp_raise(int32_t *vexp2, const int e2[2]) {
+  for (int e = 0; e < 2; ++e) {
+    const int x = e2[e];
+    if (x > -14) {
 #pragma omp atomic compare
-  if (vexp2[0] < e0) { vexp2[0] = e0; }
-#pragma omp atomic compare
-  if (vexp2[1] < e1) { vexp2[1] = e1; }
+      if (vexp2[e] < x) { vexp2[e] = x; }
+    }
+  }
 }
 
 /* V item: channel group cg of the token row x that leaves the window, stored at slot t of the
