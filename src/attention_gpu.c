@@ -114,6 +114,19 @@ static inline void fk_wsync(void) {}
 static inline void fk_fence(void) {}
 static inline unsigned fk_arrive(unsigned *p) { return (*p)++; }
 #endif
+/* the value-code words of a lane's channel group: 2 (2-bit, 8 bytes) or 4 (4-bit, 16 bytes) */
+static inline void fk_vcodes2(uint32_t *cw, const uint32_t *p) {
+  const fk_v2u x = ld8(p);
+  cw[0] = x.x;
+  cw[1] = x.y;
+}
+static inline void fk_vcodes4(uint32_t *cw, const uint32_t *p) {
+  const fk_v4u x = ld16(p);
+  cw[0] = x.x;
+  cw[1] = x.y;
+  cw[2] = x.z;
+  cw[3] = x.w;
+}
 static inline float wsum(float v) { for (int o = 16; o; o >>= 1) v += shfx(v, o); return v; }
 static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, shfx(v, o)); return v; }
 #pragma omp end declare target
