@@ -23,6 +23,24 @@ static inline uint32_t kivi_quant_code(float x, float scale, float zero, float m
   return (uint32_t)fminf(fmaxf(r, 0.0f), maxq);
 }
 
+/* The same code with rs = 1 / scale, computed once per group: the product (x - zero) * rs is
+ * within 2^-12 of the quotient for x in the group (|quotient| <= 1.5 maxq < 2^9, the 1.5 for
+ * subnormal scales), so where y = product + 1/2 is more than KIVI_QUANT_EPS from an integer
+ * both give the same code; nearer (rare), the quotient decides.  The codes are those of the
+ * division, bit for bit (tests/test_half.c), for a multiplication: an IEEE division is a dozen
+ * instructions on the GPU.  The prefill's key kernel uses it (930 -> 690 us for 32k tokens on
+ * the H200); in the value kernels and the one-kernel append it raised the registers and the
+ * time (value kernel 617 -> 770 us, one-kernel append 38 -> 48 us), so they divide. */
+#define KIVI_QUANT_EPS (1.0f / 1024.0f)
+static inline uint32_t kivi_quant_code_rcp(float x, float scale, float rs, float zero, float maxq) {
+  if (!(scale > 0.0f)) return 0u;
+  const float d = x - zero;
+  float y = d * rs + 0.5f;
+  const float fr = y - floorf(y);
+  if (fr < KIVI_QUANT_EPS || fr > 1.0f - KIVI_QUANT_EPS) y = d / scale + 0.5f;
+  return (uint32_t)fminf(fmaxf(floorf(y), 0.0f), maxq);
+}
+
 /* Group statistics -> stored fp16 scale and zero. */
 static inline void kivi_group_params(float mn, float mx, int bits, uint16_t *hs, uint16_t *hz) {
   *hs = kivi_f32_to_f16((mx - mn) / (float)((1u << bits) - 1u));
@@ -53,14 +71,14 @@ static inline __attribute__((always_inline)) void kivi_quant_k_item(unsigned cha
                                                                     uint16_t *zero, int bits, int G, int c0, int64_t p0,
                                                                     int64_t L, const uint16_t *ring, int R, int D,
                                                                     const uint16_t *stage, int64_t stage_tok, int H,
-                                                                    int h) {
+                                                                    int h, int rcp) {
   if (bits == 16) {
     for (int t = 0; t < G; ++t)
       *(kivi_f16x8 *)(codes + (size_t)t * rb) = kivi_ld8(kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0);
     return;
   }
   const float maxq = (float)((1u << bits) - 1u);
-  float mn[8], mx[8];
+  float mn[8], mx[8], rs[8];
   for (int j = 0; j < 8; ++j) { mn[j] = INFINITY; mx[j] = -INFINITY; }
   for (int t = 0; t < G; ++t) {
     const kivi_f16x8 v = kivi_ld8(kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0);
@@ -77,11 +95,16 @@ static inline __attribute__((always_inline)) void kivi_quant_k_item(unsigned cha
     zero[j] = hz;
     mx[j] = kivi_f16_to_f32(hs);
     mn[j] = kivi_f16_to_f32(hz);
+    rs[j] = rcp ? 1.0f / mx[j] : 0.0f;
   }
   for (int t = 0; t < G; ++t) {
     const kivi_f16x8 v = kivi_ld8(kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0);
     uint64_t w = 0;
-    for (int j = 0; j < 8; ++j) w |= (uint64_t)kivi_quant_code(kivi_f16_to_f32(v.v[j]), mx[j], mn[j], maxq) << (bits * j);
+    for (int j = 0; j < 8; ++j) {
+      const float f = kivi_f16_to_f32(v.v[j]);
+      w |= (uint64_t)(rcp ? kivi_quant_code_rcp(f, mx[j], rs[j], mn[j], maxq) : kivi_quant_code(f, mx[j], mn[j], maxq))
+           << (bits * j);
+    }
     unsigned char *dst = codes + (size_t)t * rb;
     if (bits == 2) *(uint16_t *)dst = (uint16_t)w;
     else if (bits == 4) *(uint32_t *)dst = (uint32_t)w;
@@ -151,19 +174,30 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
 }
 
 /* K item of a completed block: token group g, channels 8 c8 .. 8 c8 + 7 of the kv-head's
- * sub-block sb (the group's first position p0), tokens from the ring (before L) or the stage. */
-static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0, int64_t L,
-                                      const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
+ * sub-block sb (the group's first position p0), tokens from the ring (before L) or the stage;
+ * rcp: kivi_quant_code_rcp instead of the division (constant at each call). */
+static inline __attribute__((always_inline)) void kivi_k_item_bits(unsigned char *sb, const kivi_layout *lay, int g,
+                                                                   int c8, int64_t p0, int64_t L, const uint16_t *ring,
+                                                                   const uint16_t *stage, int64_t st0, int h, int rcp) {
   const int G = lay->G, D = lay->D, R = lay->R, H = lay->H, c0 = 8 * c8;
   const size_t rb = (size_t)lay->kw * 4; /* bytes per token row of codes */
   unsigned char *codes = sb + (size_t)g * G * rb + (size_t)c0 * lay->kb / 8;
   uint16_t *sc = (uint16_t *)(sb + lay->ksz_off) + (size_t)g * 2 * D + c0;
   switch (lay->kb) { /* constant bits: the per-channel arrays of the item stay in registers */
-  case 2: kivi_quant_k_item(codes, rb, sc, sc + D, 2, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
-  case 4: kivi_quant_k_item(codes, rb, sc, sc + D, 4, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
-  case 8: kivi_quant_k_item(codes, rb, sc, sc + D, 8, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
-  default: kivi_quant_k_item(codes, rb, sc, sc + D, 16, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  case 2: kivi_quant_k_item(codes, rb, sc, sc + D, 2, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
+  case 4: kivi_quant_k_item(codes, rb, sc, sc + D, 4, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
+  case 8: kivi_quant_k_item(codes, rb, sc, sc + D, 8, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
+  default: kivi_quant_k_item(codes, rb, sc, sc + D, 16, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
   }
+}
+/* the one-kernel append's (division) and the prefill key kernel's (reciprocal) */
+static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0, int64_t L,
+                                      const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
+  kivi_k_item_bits(sb, lay, g, c8, p0, L, ring, stage, st0, h, 0);
+}
+static inline void kivi_append_k_item_rcp(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0,
+                                          int64_t L, const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
+  kivi_k_item_bits(sb, lay, g, c8, p0, L, ring, stage, st0, h, 1);
 }
 
 /* Exponent bounds of V scales and zeros (the GPU f16x2 kernel's ranges): -14 is no bound (fp16

@@ -1,5 +1,6 @@
 /* The library's bit-level fp16/bf16 conversions (src/half.h) against the compiler's _Float16. */
 #include "../src/half.h"
+#include "../src/kernels_quant.h"
 #include "check_util.h"
 #include "ref/kivi_ref.h"
 
@@ -61,12 +62,85 @@ START_TEST(bf16_widening) {
 }
 END_TEST
 
+/* The quantizer's code (a multiplication by 1 / scale, the division only near a rounding
+ * boundary) against the division of the spec, for groups as the library makes them (zero = the
+ * group's min, scale = fp16((max - min) / maxq)): every fp16 value of small groups, and the
+ * values at and next to each code boundary of random groups of every magnitude. */
+static void check_group(uint16_t hmn, uint16_t hmx, int bits, uint64_t *seed) {
+  const float mn = ref_f16_val(hmn), mx = ref_f16_val(hmx), maxq = (float)((1 << bits) - 1);
+  const float s = ref_f16_val(ref_f16((mx - mn) / maxq)), z = mn;
+  const float rs = 1.0f / s;
+  for (int k = 0; k <= 3 * (int)maxq + 6; ++k) {
+    /* boundary k/3 of the way ... : near (j + 1/2) s for j = k / 3, the two fp16 values around it,
+     * and one random value of the group */
+    const int j = k / 3;
+    float x;
+    if (k % 3 == 2) x = mn + (mx - mn) * (float)(tu_next(seed) % 1024) / 1023.0f;
+    else x = z + ((float)j + 0.5f) * s;
+    uint16_t hx = ref_f16(x);
+    if (k % 3 == 1) hx = (uint16_t)(hx + ((hx & 0x8000) ? -1 : 1));
+    float xv = ref_f16_val(hx);
+    if (xv < mn) xv = mn;
+    if (xv > mx) xv = mx;
+    for (int d = -1; d <= 1; ++d) {
+      uint16_t h2 = ref_f16(xv);
+      h2 = (uint16_t)(h2 + d);
+      const float x2 = ref_f16_val(h2);
+      if (!(x2 >= mn && x2 <= mx)) continue;
+      float c = 0.0f;
+      if (s > 0.0f) {
+        c = floorf((x2 - z) / s + 0.5f);
+        if (c < 0.0f) c = 0.0f;
+        if (c > maxq) c = maxq;
+      }
+      if (kivi_quant_code_rcp(x2, s, rs, z, maxq) != (uint32_t)c) /* (one assertion per mismatch: Check's are slow) */
+        ck_assert_msg(0, "%d-bit min %a max %a x %a: %u vs %u", bits, mn, mx, x2, kivi_quant_code_rcp(x2, s, rs, z, maxq),
+                      (unsigned)c);
+    }
+  }
+}
+
+START_TEST(quant_code_equals_division) {
+  static const int bits[] = {2, 4, 8};
+  uint64_t seed = 7;
+  long n = 0;
+  for (int b = 0; b < 3; ++b) {
+    const int ngroups = bits[b] == 8 ? 5000 : 100000; /* 3 (2^b + 2) values each */
+    for (int i = 0; i < ngroups; ++i) {
+      /* magnitudes from subnormal to 65504: a random fp16 min and a random width */
+      uint16_t a = (uint16_t)(tu_next(&seed) % 0x7c00), c = (uint16_t)(tu_next(&seed) % 0x7c00);
+      if (tu_next(&seed) & 1) a |= 0x8000;
+      if (tu_next(&seed) & 1) c |= 0x8000;
+      float fa = ref_f16_val(a), fc = ref_f16_val(c);
+      if (fa > fc) { const uint16_t t = a; a = c; c = t; const float tf = fa; fa = fc; fc = tf; }
+      if (!isfinite(fc - fa)) continue;
+      check_group(a, c, bits[b], &seed);
+      ++n;
+    }
+    /* every fp16 value in the small groups [x0, x0 + w] */
+    for (uint32_t u = 0x3c00; u < 0x3c40; ++u) {
+      const float mn = ref_f16_val((uint16_t)u), mx = ref_f16_val(0x3c40);
+      const float maxq = (float)((1 << bits[b]) - 1);
+      const float s = ref_f16_val(ref_f16((mx - mn) / maxq)), rs = 1.0f / s;
+      for (uint32_t v = u; v <= 0x3c40; ++v) {
+        const float x = ref_f16_val((uint16_t)v);
+        float c = s > 0.0f ? floorf((x - mn) / s + 0.5f) : 0.0f;
+        c = c < 0.0f ? 0.0f : c > maxq ? maxq : c;
+        if (kivi_quant_code_rcp(x, s, rs, mn, maxq) != (uint32_t)c) ck_assert_msg(0, "%d-bit x %a", bits[b], x);
+      }
+    }
+  }
+  printf("quantizer: %ld random groups (2, 4 and 8 bits) checked at every code boundary\n", n);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("half");
   TCase *tc = tcase_create("half");
   tcase_add_test(tc, f16_to_f32_exhaustive);
   tcase_add_test(tc, f32_to_f16_edges_and_random);
   tcase_add_test(tc, bf16_widening);
+  tcase_add_test(tc, quant_code_equals_division);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }
