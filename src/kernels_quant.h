@@ -28,9 +28,9 @@ static inline uint32_t kivi_quant_code(float x, float scale, float zero, float m
  * subnormal scales), so where y = product + 1/2 is more than KIVI_QUANT_EPS from an integer
  * both give the same code; nearer (rare), the quotient decides.  The codes are those of the
  * division, bit for bit (tests/test_half.c), for a multiplication: an IEEE division is a dozen
- * instructions on the GPU.  The prefill's key kernel uses it (930 -> 690 us for 32k tokens on
- * the H200); in the value kernels and the one-kernel append it raised the registers and the
- * time (value kernel 617 -> 770 us, one-kernel append 38 -> 48 us), so they divide. */
+ * instructions on the GPU.  The prefill's key kernel uses it (930 -> 700 us for 32k tokens on
+ * the H200, PERF.md v16); in the value kernel and the one-kernel append it raised the registers
+ * and the time (value kernel 617 -> 770 us, one-kernel append 38 -> 48 us), so they divide. */
 #define KIVI_QUANT_EPS (1.0f / 1024.0f)
 static inline uint32_t kivi_quant_code_rcp(float x, float scale, float rs, float zero, float maxq) {
   if (!(scale > 0.0f)) return 0u;
