@@ -19,6 +19,17 @@ float ref_f16_val(uint16_t u) {
 
 float ref_round_f16(float x) { return ref_f16_val(ref_f16(x)); }
 
+unsigned ref_quant_code(float x, float s, float z, int bits) {
+  const float maxq = (float)((1 << bits) - 1);
+  float c = 0.0f;
+  if (s > 0.0f) {
+    c = floorf((x - z) / s + 0.5f);
+    if (c < 0.0f) c = 0.0f;
+    if (c > maxq) c = maxq;
+  }
+  return (unsigned)c;
+}
+
 /* One quantization group of n fp16-rounded values: stored scale/zero and codes (spec in kivi.h). */
 static void ref_quant(const float *x, int n, int stride, int bits, uint16_t *hs, uint16_t *hz, unsigned *codes) {
   float mn = x[0], mx = x[0];
@@ -27,19 +38,10 @@ static void ref_quant(const float *x, int n, int stride, int bits, uint16_t *hs,
     if (f < mn) mn = f;
     if (f > mx) mx = f;
   }
-  const float maxq = (float)((1 << bits) - 1);
-  *hs = ref_f16((mx - mn) / maxq);
+  *hs = ref_f16((mx - mn) / (float)((1 << bits) - 1));
   *hz = ref_f16(mn);
   const float s = ref_f16_val(*hs), z = ref_f16_val(*hz);
-  for (int i = 0; i < n; ++i) {
-    float c = 0.0f;
-    if (s > 0.0f) {
-      c = floorf((x[(size_t)i * stride] - z) / s + 0.5f);
-      if (c < 0.0f) c = 0.0f;
-      if (c > maxq) c = maxq;
-    }
-    codes[i] = (unsigned)c;
-  }
+  for (int i = 0; i < n; ++i) codes[i] = ref_quant_code(x[(size_t)i * stride], s, z, bits);
 }
 
 /* Pack the codes of one token row (D channels) into words, LSB first. */

@@ -10,6 +10,9 @@
 uint16_t ref_f16(float x);      /* round to nearest even, via _Float16 */
 float ref_f16_val(uint16_t h);  /* exact */
 float ref_round_f16(float x);   /* x rounded to the nearest fp16 value, as float */
+/* The code of x in a group with stored scale s and zero z (fp16 values, as floats):
+ * clamp(floor((x - z) / s + 1/2), 0, 2^bits - 1), 0 when s is 0. */
+unsigned ref_quant_code(float x, float s, float z, int bits);
 
 typedef struct ref_geom {
   int D, H, G, R, kb, vb;
