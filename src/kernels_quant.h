@@ -16,11 +16,12 @@
 
 #pragma omp declare target
 /* code = clamp(floor((x - zero) / scale + 1/2), 0, 2^b - 1) with the stored fp16 scale/zero;
- * a zero scale (constant group) gives code 0, which dequantizes to the zero point exactly. */
+ * a zero scale (constant group) gives code 0, which dequantizes to the zero point exactly.
+ * kivi_code_of: the floor and the clamp of y = (x - zero) / scale + 1/2, maxq = 2^b - 1. */
+static inline uint32_t kivi_code_of(float y, float maxq) { return (uint32_t)fminf(fmaxf(floorf(y), 0.0f), maxq); }
 static inline uint32_t kivi_quant_code(float x, float scale, float zero, float maxq) {
   if (!(scale > 0.0f)) return 0u;
-  const float r = floorf((x - zero) / scale + 0.5f);
-  return (uint32_t)fminf(fmaxf(r, 0.0f), maxq);
+  return kivi_code_of((x - zero) / scale + 0.5f, maxq);
 }
 
 /* The same code with rs = 1 / scale, computed once per group: the product (x - zero) * rs is
@@ -38,7 +39,7 @@ static inline uint32_t kivi_quant_code_rcp(float x, float scale, float rs, float
   float y = d * rs + 0.5f;
   const float fr = y - floorf(y);
   if (fr < KIVI_QUANT_EPS || fr > 1.0f - KIVI_QUANT_EPS) y = d / scale + 0.5f;
-  return (uint32_t)fminf(fmaxf(floorf(y), 0.0f), maxq);
+  return kivi_code_of(y, maxq);
 }
 
 /* Group statistics -> stored fp16 scale and zero. */
