@@ -6,6 +6,7 @@
 # KIVI_TEST_EXPECT_GPU=1 makes the tests fail if their context is not on the GPU.
 set -u
 b=$1; out=$2; shift 2
+mkdir -p "$out" || exit 1
 export LD_LIBRARY_PATH=$PWD/$b/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CK_FORK=no CK_DEFAULT_TIMEOUT=1200 KIVI_TEST_EXPECT_GPU=1 top_builddir=$b top_srcdir=. KIVI_HAVE_OFFLOAD=1
 echo "OMP_TARGET_OFFLOAD=${OMP_TARGET_OFFLOAD:-unset}"

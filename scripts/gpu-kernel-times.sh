@@ -10,6 +10,7 @@
 # (SECTIONS="2" runs only the listed sections; default "1 2 3".)
 set -u
 b=$1; out=$2
+mkdir -p "$out" || exit 1
 ncu=${NCU:-/usr/local/cuda/bin/ncu}
 export LD_LIBRARY_PATH=$PWD/$b/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 q="--csv --print-units base --print-kernel-base function --metrics gpu__time_duration.sum"

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Static instruction counts of a GPU kernel's loops, from its SASS: no GPU needed.
+
+Usage:
+  python3 scripts/sass-loops.py SASS KERNEL [--range LO:HI ...]
+
+SASS is the text `cuobjdump -sass` prints for the device image; KERNEL is the end of the
+kernel's name (e.g. `fast_decode_l26` for the first kernel of attention_fast.inc's region, the
+2-bit synchronous one; the line number changes with the source).  For every backward branch the script prints the loop it closes: first and last
+address, instructions, and the most frequent opcodes.  Each --range LO:HI (hex addresses)
+prints the same for [LO, HI), e.g. one path of a loop body.
+
+The device image of an offload build, as ptxas compiled it (session 7 in PERF.md):
+  cd /tmp/sass && cp BUILD/src/.libs/*.o . && clang-19 -O2 -fopenmp \\
+    -fopenmp-targets=nvptx64-nvidia-cuda --offload-arch=sm_90 --cuda-path=/usr/local/cuda \\
+    -foffload-lto -shared -fPIC *.o -o lib.so -save-temps
+  cuobjdump -sass lib.so.nvptx64-nvidia-cuda.sm_90.o > kernels.sass
+cuobjdump ships with the CUDA toolkit, or in the PyPI wheel nvidia-cuda-cuobjdump
+(`pip download nvidia-cuda-cuobjdump --no-deps`, then unzip).  The counts are per warp
+instruction of one pass through the code, not executed totals: Nsight Compute's source page
+gives those.
+"""
+import collections
+import re
+import sys
+
+
+def kernel_instructions(path, name):
+    """(address, text) of every instruction of the kernel whose name ends with name."""
+    found, body = None, None
+    for line in open(path):
+        if "Function : " in line:
+            body = [] if line.split("Function : ")[1].strip().endswith(name) else None
+            if body is not None:
+                found = body
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and body is not None:
+            body.append((int(m.group(1), 16), m.group(2)))
+    return found
+
+
+def opcode(text):
+    words = text.split()
+    op = words[1] if words[0].startswith("@") else words[0]  # skip a predicate
+    return op.split(".")[0]
+
+
+def summary(label, body):
+    c = collections.Counter(opcode(t) for _, t in body)
+    top = ", ".join(f"{k} {v}" for k, v in c.most_common(12))
+    print(f"{label}: {len(body)} instructions: {top}")
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.exit(__doc__)
+    ins = kernel_instructions(argv[1], argv[2])
+    if not ins:
+        sys.exit(f"no kernel matching '{argv[2]}' in {argv[1]}")
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    print(f"{argv[2]}: {len(ins)} instructions")
+    for i, (a, t) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", t)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index:
+            lo = int(m.group(1), 16)
+            summary(f"loop {lo:#x}-{a:#x}", ins[index[lo]:i + 1])
+    args = argv[3:]
+    for k in range(0, len(args), 2):
+        if args[k] != "--range" or k + 1 >= len(args):
+            sys.exit(__doc__)
+        lo, hi = (int(x, 16) for x in args[k + 1].split(":"))
+        summary(f"range {lo:#x}-{hi:#x}", [(a, t) for a, t in ins if lo <= a < hi])
+
+
+if __name__ == "__main__":
+    main(sys.argv)
