@@ -6,9 +6,10 @@ Usage:
 
 SASS is the text `cuobjdump -sass` prints for the device image; KERNEL is the end of the
 kernel's name (e.g. `fast_decode_l26` for the first kernel of attention_fast.inc's region, the
-2-bit synchronous one; the line number changes with the source).  For every backward branch the script prints the loop it closes: first and last
-address, instructions, and the most frequent opcodes.  Each --range LO:HI (hex addresses)
-prints the same for [LO, HI), e.g. one path of a loop body.
+2-bit synchronous one; the line number changes with the source).  For every backward branch
+the script prints the loop it closes: first and last address, instructions, and the most
+frequent opcodes.  Each --range LO:HI (hex addresses) prints the same for [LO, HI), e.g. one
+path of a loop body.
 
 The device image of an offload build, as ptxas compiled it (session 7 in PERF.md):
   cd /tmp/sass && cp BUILD/src/.libs/*.o . && clang-19 -O2 -fopenmp \\
