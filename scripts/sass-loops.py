@@ -23,6 +23,7 @@ gives those.
 """
 import collections
 import re
+import signal
 import sys
 
 
@@ -75,4 +76,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     main(sys.argv)
