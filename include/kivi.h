@@ -252,6 +252,9 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 #define KIVI_KERNEL_PORTABLE 1u  /* the portable OpenMP kernel (GPU or host threads), fp32 */
 #define KIVI_KERNEL_GPU_F16X2 2u /* the GPU f16x2 kernel (KIVI_ATTENTION_FAST, 2- or 4-bit, head_dim 128, G 32):
                                   * a whole decode call, or the quantized part of an extend call */
+#define KIVI_KERNEL_GPU_GQA 4u   /* with KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core variant
+                                  * for 4 query heads per kv-head, one block per (row, kv-head, split),
+                                  * chosen when those blocks fill the GPU */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
 /* Decode: one query token per sequence over everything in the cache for that sequence

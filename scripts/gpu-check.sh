@@ -26,7 +26,7 @@ done
 echo "=== kivi_hello with LIBOMPTARGET_INFO=1 (kernel launches)"
 LIBOMPTARGET_INFO=1 "$b/examples/kivi_hello" > "$out/hello_info.log" 2>&1
 grep -m 6 -E "Launching kernel|Entering OpenMP kernel|libomptarget" "$out/hello_info.log"
-grep -c "Launching kernel" "$out/hello_info.log" | sed 's/^/kernel launches seen: /'
+grep -c -E "Launching kernel|Entering OpenMP kernel" "$out/hello_info.log" | sed "s/^/kernel launches seen: /"
 echo "$pass passed, $fail failed"
 if [ $# -gt 0 ]; then
   echo "=== kivi-bench $*"

@@ -79,6 +79,7 @@ typedef struct att_plan {
   int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
   int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
+  int gqa;                           /* the fast path's GQA kernel (kivi_gpu_fast_gqa) */
   int64_t nslots;                    /* partials per (row, head): nf + nsplit, or nf + 1 fused */
 } att_plan;
 
@@ -163,10 +164,11 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   if (pl->nf > 0 || pl->fused) {
     const int64_t *hdk = async ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
     if (!hdk) return KIVI_ERR_NOMEM;
-    kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots, q,
-                         qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
+    kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots, pl->gqa,
+                         q, qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
   }
-  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 || pl->fused ? KIVI_KERNEL_GPU_F16X2 : 0u);
+  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 || pl->fused ? KIVI_KERNEL_GPU_F16X2 : 0u) |
+                    ((pl->nf > 0 || pl->fused) && pl->gqa ? KIVI_KERNEL_GPU_GQA : 0u);
   if (nitems == 0) return KIVI_OK;
 
   const unsigned char *pool = c->pool;
@@ -199,10 +201,19 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     if (T - beg > maxT) maxT = T - beg;
   }
   /* shorter fast splits when few (row, head) pairs would leave SMs idle (132 on an H200) */
-  int fs = KIVI_FAST_SPLIT;
-  while (fs > 512 && (int64_t)rows * HQ * ((maxbeg + fs - 1) / fs) < 2 * 132) fs /= 2;
+  /* the GQA kernel has a block per (row, kv-head, split), and the last block of a (row,
+   * kv-head) pair combines its 4 heads.  It is used where there are at least KIVI_GQA_MIN_PAIRS
+   * pairs and its blocks, with splits down to 512 tokens, fill the GPU (2 per SM); elsewhere the
+   * per-head kernel was faster on the H200 (PERF.md, session 8) */
+  const int64_t pairs = (int64_t)rows * c->cfg.n_kv_heads;
+  const int gqa = kivi_gpu_fast_gqa(c, HQ) && pairs >= KIVI_GQA_MIN_PAIRS && pairs * ((maxbeg + 511) / 512) >= 2 * 132;
+  const int nkv = c->cfg.n_kv_heads;
+  const int nhb = gqa ? nkv : HQ; /* blocks per row and split */
+  int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;
+  while (fs > 512 && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * 132) fs /= 2;
   att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
   p.fs = fs;
+  p.gqa = gqa;
   p.nf = (int)((maxbeg + fs - 1) / fs);
   p.fused = fast && decode;
   if (p.fused) p.nsplit = p.nitems = 0;

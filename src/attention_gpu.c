@@ -86,6 +86,17 @@ static inline uint32_t f2h2(float lo, float hi) {
   __asm__("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+/* d += A B on the tensor cores (m16n8k16, f16 operands, fp32 accumulators).  With g = lane / 4
+ * and t = lane % 4, the PTX ISA's fragments are: a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
+ * a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g];
+ * d = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]} (lower index in the low half).  The whole
+ * warp must execute it (warp-uniform control flow only). */
+static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  __asm__ volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                   "{%0, %1, %2, %3};"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 static inline fk_v4u ld16(const uint32_t *p) { return __nvvm_ldg_ui4((const fk_v4u *)p); }
 static inline fk_v2u ld8(const uint32_t *p) { return __nvvm_ldg_ui2((const fk_v2u *)p); }
 static inline uint32_t ld4(const uint32_t *p) { return __nvvm_ldg_ui(p); }
@@ -93,8 +104,15 @@ static inline float shfx(float v, int o) { return __nvvm_shfl_sync_bfly_f32(0xff
 static inline float fk_ex2(float x) { return __nvvm_ex2_approx_f(x); }
 static inline void fk_sync(void) { __syncthreads(); }
 static inline void fk_wsync(void) { __nvvm_bar_warp_sync(0xffffffffu); }
-static inline void fk_fence(void) { __nvvm_membar_gl(); }
-static inline unsigned fk_arrive(unsigned *p) { return (unsigned)__nvvm_atom_add_gen_i((int *)p, 1); }
+/* one thread's arrival for its block, after a barrier that follows the block's writes: the
+ * acq_rel fences release those writes (cumulative through the barrier) and acquire the earlier
+ * arrivals' (passed on to the block by the barrier after it), as a grid barrier does */
+static inline unsigned fk_arrive_acq_rel(unsigned *p) {
+  unsigned old;
+  __asm__ volatile("fence.acq_rel.gpu;\n\tatom.relaxed.gpu.add.u32 %0, [%1], 1;\n\tfence.acq_rel.gpu;"
+                   : "=r"(old) : "l"(p) : "memory");
+  return old;
+}
 #else
 /* Host stubs: the host pass must see the same region body (same captures) as the device pass;
  * a bare region never runs on the host (the launcher only calls it for a GPU context). */
@@ -104,6 +122,9 @@ static inline uint32_t hadd2(uint32_t a, uint32_t b) { return a ^ b; }
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return a ^ b ^ s; }
 static inline void h2f(uint32_t a, float *lo, float *hi) { *lo = (float)(a & 0xffff); *hi = (float)(a >> 16); }
 static inline uint32_t f2h2(float lo, float hi) { return (uint32_t)lo ^ (uint32_t)hi; }
+static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  d[0] += (float)(a0 ^ b0); d[1] += (float)(a1 ^ b1); d[2] += (float)(a2 ^ b0); d[3] += (float)(a3 ^ b1);
+}
 static inline fk_v4u ld16(const uint32_t *p) { fk_v4u r = {p[0], p[1], p[2], p[3]}; return r; }
 static inline fk_v2u ld8(const uint32_t *p) { fk_v2u r = {p[0], p[1]}; return r; }
 static inline uint32_t ld4(const uint32_t *p) { return *p; }
@@ -111,8 +132,7 @@ static inline float shfx(float v, int o) { (void)o; return v; }
 static inline float fk_ex2(float x) { return exp2f(x); }
 static inline void fk_sync(void) {}
 static inline void fk_wsync(void) {}
-static inline void fk_fence(void) {}
-static inline unsigned fk_arrive(unsigned *p) { return (*p)++; }
+static inline unsigned fk_arrive_acq_rel(unsigned *p) { return (*p)++; }
 #endif
 /* the value-code words of a lane's channel group: 2 (2-bit, 8 bytes) or 4 (4-bit, 16 bytes) */
 static inline void fk_vcodes2(uint32_t *cw, const uint32_t *p) {
@@ -127,8 +147,33 @@ static inline void fk_vcodes4(uint32_t *cw, const uint32_t *p) {
   cw[2] = x.z;
   cw[3] = x.w;
 }
+/* n = 1, 2 or 4 (a constant) consecutive code words with one aligned load */
+static inline void fk_words(uint32_t *w, const uint32_t *p, int n) {
+  if (n == 4) {
+    const fk_v4u x = ld16(p);
+    w[0] = x.x;
+    w[1] = x.y;
+    w[2] = x.z;
+    w[3] = x.w;
+  } else if (n == 2) {
+    const fk_v2u x = ld8(p);
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    w[0] = ld4(p);
+  }
+}
 static inline float wsum(float v) { for (int o = 16; o; o >>= 1) v += shfx(v, o); return v; }
 static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, shfx(v, o)); return v; }
+/* The arrival of a fused call's block on its counter *p (all threads; the block's partials are
+ * written): 1 in every thread of the block that arrives last (last = the count before it), which
+ * then sees all the other blocks' partials. */
+static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_last) {
+  fk_sync();
+  if (tid == 0) *s_last = fk_arrive_acq_rel(p) == last;
+  fk_sync();
+  return *s_last;
+}
 #pragma omp end declare target
 
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
@@ -137,6 +182,10 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
   return c->ctx->on_gpu && f->attention == KIVI_ATTENTION_FAST && (f->k_bits == 2 || f->k_bits == 4) &&
          f->v_bits == f->k_bits &&
          f->head_dim == FD && f->group == 32 && R >= 32 && (R & (R - 1)) == 0;
+}
+
+int kivi_gpu_fast_gqa(const kivi_cache *c, int HQ) {
+  return kivi_gpu_fast_eligible(c) && HQ == KIVI_GQA_NH * c->cfg.n_kv_heads;
 }
 
 /* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
@@ -148,7 +197,7 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
  * arrival counters cnt [rows][HQ] (zero between calls).  async: enqueued on the lane's
  * dependences (region_twice.inc). */
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
-                          int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
+                          int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane) {
   const unsigned char *pool = c->pool;
   const int32_t *bt = c->bt, *vexp = c->vexp;
@@ -159,18 +208,19 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   while ((1 << lr) < R) ++lr;
   const size_t sub = c->lay.sub_bytes, ksz_off = c->lay.ksz_off, vcode_off = c->lay.vcode_off,
                vsz_off = c->lay.vsz_off;
-  const int nblk = rows * HQ * nsf, dev = c->ctx->device;
+  const int dev = c->ctx->device;
+  if (gqa) { /* one block per (row, kv-head, split) for the group's KIVI_GQA_NH query heads */
+    const int nblk = rows * H * nsf;
+    if (nblk <= 0) return;
+#define KIVI_REGION_FILE "attention_gqa.inc"
+#include "region_bits.inc"
+#undef KIVI_REGION_FILE
+    return;
+  }
+  const int nblk = rows * HQ * nsf;
   if (nblk <= 0) return;
 #define KIVI_REGION_FILE "attention_fast.inc"
-  if (c->cfg.k_bits == 2) {
-#define FKB 2
-#include "region_twice.inc"
-#undef FKB
-  } else {
-#define FKB 4
-#include "region_twice.inc"
-#undef FKB
-  }
+#include "region_bits.inc"
 #undef KIVI_REGION_FILE
 }
 
@@ -179,11 +229,16 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
   (void)c;
   return 0;
 }
+int kivi_gpu_fast_gqa(const kivi_cache *c, int HQ) {
+  (void)c;
+  (void)HQ;
+  return 0;
+}
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
-                          int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
+                          int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane) {
   (void)c; (void)layer; (void)rows; (void)HQ; (void)dd; (void)ndd; (void)col_seq; (void)col_beg; (void)col_lc; (void)fs;
-  (void)nf; (void)nslots; (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)cnt; (void)out; (void)out_f16;
+  (void)nf; (void)nslots; (void)gqa; (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)cnt; (void)out; (void)out_f16;
   (void)async; (void)lane;
 }
 #endif

@@ -164,8 +164,14 @@ static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
 #define KIVI_FAST_SPLIT 2048
 #define KIVI_FAST_GRAIN 32
 int kivi_gpu_fast_eligible(const kivi_cache *c);
+/* GQA with KIVI_GQA_NH query heads per kv-head: the fast path's tensor-core kernel takes one
+ * block per (row, kv-head, split), splits of at most KIVI_GQA_SPLIT tokens */
+#define KIVI_GQA_NH 4
+#define KIVI_GQA_SPLIT 1024
+#define KIVI_GQA_MIN_PAIRS 32 /* (row, kv-head) pairs below which the per-head kernel runs */
+int kivi_gpu_fast_gqa(const kivi_cache *c, int HQ);
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
-                          int col_beg, int col_lc, int fs, int nf, int nslots, const float *q, float qmul,
+                          int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
 
 /* Export blob size of a (sequence, layer) of length L; import of such a blob (cache.c). */

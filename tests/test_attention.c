@@ -307,13 +307,15 @@ END_TEST
 
 /* Long rows of the paper configurations (2- and 4-bit, D=128, G=32, R=128): on a GPU the fast mode runs
  * the f16x2 kernel alone; the FP32 mode always runs the portable kernel.  Both against the
- * reference with their own tolerance. */
+ * reference with their own tolerance.  gqa: MHA-like 2 over 2 heads, 8 over 2 (8 row and kv-head
+ * pairs: the per-head kernel), and 32 over 8, whose 32 pairs with splits of 512 tokens are enough
+ * blocks for the GQA kernel. */
 START_TEST(decode_long_rows_both_modes) {
   const int len[] = {5000, 2048 + 128 + 5, 300, 9000};
   const int b = _i ? 4 : 2; /* KIVI-2, KIVI-4 */
   for (int mode = 0; mode < 2; ++mode)
-    for (int gqa = 0; gqa < 2; ++gqa) {
-      const acase a = {128, 2, gqa ? 8 : 2, b, b, 32, 128};
+    for (int gqa = 0; gqa < 3; ++gqa) {
+      const acase a = {128, gqa == 2 ? 8 : 2, gqa == 0 ? 2 : gqa == 1 ? 8 : 32, b, b, 32, 128};
       kivi_cache_config cfg;
       kivi_cache_config_init(&cfg, 1, a.H, a.D, 4, 9216);
       cfg.k_bits = cfg.v_bits = b;
@@ -336,8 +338,9 @@ START_TEST(decode_long_rows_both_modes) {
       ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
       const int fast = (kernels & KIVI_KERNEL_GPU_F16X2) != 0;
       ck_assert_int_eq(fast, info.on_gpu && mode == 0 && KIVI_BUILT_WITH_OFFLOAD);
-      /* a fast decode is the f16x2 kernel alone (one launch, fp16 windows and combine included) */
-      ck_assert_uint_eq(kernels, fast ? KIVI_KERNEL_GPU_F16X2 : KIVI_KERNEL_PORTABLE);
+      /* a fast decode is the f16x2 kernel alone (one launch, fp16 windows and combine included);
+       * the 32-over-8 rows run its GQA variant */
+      ck_assert_uint_eq(kernels, fast ? KIVI_KERNEL_GPU_F16X2 | (gqa == 2 ? KIVI_KERNEL_GPU_GQA : 0u) : KIVI_KERNEL_PORTABLE);
       double *ref = malloc(sizeof(double) * qn), worst = 0;
       for (int s = 0; s < 4; ++s) {
         double *kd, *vd;
@@ -348,8 +351,9 @@ START_TEST(decode_long_rows_both_modes) {
         free(vd);
       }
       const double tol = fast ? FAST_REL_TOL : ATTN_REL_TOL;
-      printf("long rows, %d-bit, %s mode, HQ %d: kernels %s, rel err %.2e (tolerance %.0e)\n", b, mode ? "fp32" : "fast",
-             a.HQ, fast ? "gpu-f16x2" : "portable", worst, tol);
+      printf("long rows, %d-bit, %s mode, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", b,
+             mode ? "fp32" : "fast", a.HQ, a.H, fast ? (kernels & KIVI_KERNEL_GPU_GQA ? "gpu-gqa" : "gpu-f16x2") : "portable",
+             worst, tol);
       ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
       for (int s = 0; s < 4; ++s) { free(k[s]); free(v[s]); }
       free(q); free(out); free(ref);
