@@ -254,7 +254,7 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
                                   * a whole decode call, or the quantized part of an extend call */
 #define KIVI_KERNEL_GPU_GQA 4u   /* with KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core variant
                                   * for 4 query heads per kv-head, one block per (row, kv-head, split),
-                                  * chosen when those blocks fill the GPU */
+                                  * chosen for 32 or more (row, kv-head) pairs whose blocks fill the GPU */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
 /* Decode: one query token per sequence over everything in the cache for that sequence
