@@ -1,6 +1,9 @@
-/* GPU fast path of the fused attention: one CUDA-like `ompx_bare` kernel for 2-bit or 4-bit
+/* GPU fast path of the fused attention: CUDA-like `ompx_bare` kernels for 2-bit or 4-bit
  * caches (keys and values the same width) with head_dim 128 and G = 32 (the paper's KIVI-2 and
- * KIVI-4 configurations).  It covers the first
+ * KIVI-4 configurations): the per-head f16x2 kernel (attention_fast.inc, below) and, for 4
+ * query heads per kv-head and enough (row, kv-head) pairs (plan_call in attention.c), the GQA
+ * kernel (attention_gqa.inc: one block per (row, kv-head, split), tensor-core MMA).  The
+ * per-head kernel covers the first
  * Lf = floor(max(0, Lc - R) / KIVI_FAST_GRAIN) * KIVI_FAST_GRAIN tokens of each row (there keys
  * and values are both quantized) in splits of up to KIVI_FAST_SPLIT.  In a decode call
  * ("fused") one more block per (row, head) takes the rest, [Lf, Lc): its quantized key groups
