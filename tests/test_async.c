@@ -123,6 +123,46 @@ START_TEST(async_equals_sync) {
 }
 END_TEST
 
+/* The GQA decode enqueued: 32 query heads over 8 kv-heads, 4 rows of 4400 tokens (KIVI-2,
+ * D = 128).  Those are 32 (row, kv-head) pairs with 9 splits of 512 tokens each, enough blocks
+ * for the GPU's GQA kernel (plan_call), whose nowait variant then runs.  decode_async gives what
+ * decode gives, bit for bit, with the same kernels. */
+START_TEST(gqa_async_equals_sync) {
+  enum { H = 8, HG = 32, D = 128, NS = 4, LEN = 4400, CH = 550 };
+  kivi_context *ctx = tu_context();
+  kivi_cache *c = tu_cache(ctx, 1, H, D, NS, LEN, 2, 2, 32, 128);
+  const int ids[NS] = {0, 1, 2, 3}, n[NS] = {CH, CH, CH, CH};
+  for (int i = 0; i < LEN / CH; ++i) { /* the rows in chunks: less host memory at a time */
+    float *k = tu_random((size_t)NS * CH * H * D, 100 + (uint64_t)i, 1.0f);
+    float *v = tu_random((size_t)NS * CH * H * D, 200 + (uint64_t)i, 1.0f);
+    ck_assert_int_eq(kivi_cache_append(c, 0, NS, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    free(k);
+    free(v);
+  }
+  float *q = tu_random((size_t)NS * HG * D, 7, 1.0f);
+  float *oa = calloc((size_t)NS * HG * D, sizeof *oa), *ob = calloc((size_t)NS * HG * D, sizeof *ob);
+  unsigned ka = 0, kb = 0;
+  ck_assert_int_eq(kivi_attention_decode(c, 0, NS, ids, HG, q, 0.125f, oa, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_last_kernels(c, &ka), KIVI_OK);
+  ck_assert_int_eq(kivi_attention_decode_async(c, 0, NS, ids, HG, q, 0.125f, ob, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_wait(c), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_last_kernels(c, &kb), KIVI_OK);
+  ck_assert_int_eq(memcmp(oa, ob, (size_t)NS * HG * D * sizeof *oa), 0);
+  ck_assert_uint_eq(ka, kb);
+  kivi_context_info info;
+  ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
+  ck_assert_uint_eq(ka, info.on_gpu && KIVI_BUILT_WITH_OFFLOAD ? KIVI_KERNEL_GPU_F16X2 | KIVI_KERNEL_GPU_GQA
+                                                               : KIVI_KERNEL_PORTABLE);
+  printf("async = sync, GQA %d over %d heads, %d rows of %d tokens: outputs bit-identical, kernels %#x\n", HG, H, NS,
+         LEN, ka);
+  free(q);
+  free(oa);
+  free(ob);
+  kivi_cache_destroy(c);
+  kivi_context_destroy(ctx);
+}
+END_TEST
+
 /* Three caches driven round-robin, one _async call at a time, one wait each at the end. */
 START_TEST(interleaved_caches) {
   kivi_context *ctx = tu_context();
@@ -396,6 +436,7 @@ int main(void) {
   TCase *t = tcase_create("async");
   tcase_set_timeout(t, 1200);
   tcase_add_loop_test(t, async_equals_sync, 0, (int)(sizeof GEOMS / sizeof GEOMS[0]));
+  tcase_add_test(t, gqa_async_equals_sync);
   tcase_add_test(t, interleaved_caches);
   tcase_add_test(t, lanes_wrap);
   tcase_add_test(t, error_reported_by_wait);
