@@ -200,14 +200,14 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     if (beg > maxbeg) maxbeg = beg;
     if (T - beg > maxT) maxT = T - beg;
   }
-  /* shorter fast splits when few (row, head) pairs would leave SMs idle (132 on an H200) */
   /* the GQA kernel has a block per (row, kv-head, split), and the last block of a (row,
    * kv-head) pair combines its 4 heads.  It is used where there are at least KIVI_GQA_MIN_PAIRS
-   * pairs and its blocks, with splits down to 512 tokens, fill the GPU (2 per SM); elsewhere the
-   * per-head kernel was faster on the H200 (PERF.md, session 8) */
-  const int64_t pairs = (int64_t)rows * c->cfg.n_kv_heads;
-  const int gqa = kivi_gpu_fast_gqa(c, HQ) && pairs >= KIVI_GQA_MIN_PAIRS && pairs * ((maxbeg + 511) / 512) >= 2 * 132;
+   * pairs and its blocks, with splits down to 512 tokens, fill the GPU (2 per SM of an H200's
+   * 132); elsewhere the per-head kernel was faster on the H200 (PERF.md, session 8) */
   const int nkv = c->cfg.n_kv_heads;
+  const int64_t pairs = (int64_t)rows * nkv;
+  const int gqa = kivi_gpu_fast_gqa(c, HQ) && pairs >= KIVI_GQA_MIN_PAIRS && pairs * ((maxbeg + 511) / 512) >= 2 * 132;
+  /* shorter fast splits when few blocks would leave SMs idle */
   const int nhb = gqa ? nkv : HQ; /* blocks per row and split */
   int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;
   while (fs > 512 && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * 132) fs /= 2;
