@@ -161,14 +161,15 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
     if (pst) return pst;
   }
   const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
-  if (pl->nf > 0 || pl->fused) {
+  const int fastk = pl->nf > 0 || pl->fused; /* the fast path's kernel runs */
+  if (fastk) {
     const int64_t *hdk = async ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
     if (!hdk) return KIVI_ERR_NOMEM;
     kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots, pl->gqa,
                          q, qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
   }
-  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (pl->nf > 0 || pl->fused ? KIVI_KERNEL_GPU_F16X2 : 0u) |
-                    ((pl->nf > 0 || pl->fused) && pl->gqa ? KIVI_KERNEL_GPU_GQA : 0u);
+  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (fastk ? KIVI_KERNEL_GPU_F16X2 : 0u) |
+                    (fastk && pl->gqa ? KIVI_KERNEL_GPU_GQA : 0u);
   if (nitems == 0) return KIVI_OK;
 
   const unsigned char *pool = c->pool;
