@@ -168,6 +168,38 @@ static inline void fk_words(uint32_t *w, const uint32_t *p, int n) {
 }
 static inline float wsum(float v) { for (int o = 16; o; o >>= 1) v += shfx(v, o); return v; }
 static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, shfx(v, o)); return v; }
+/* The tokens [t0, t0 + n) of split sf of a row whose fast part is [0, Lf): keys quantized in the
+ * first ngq groups, values in the first nvq tokens.  The tail block (sf == nf, fused calls only)
+ * takes [Lf, Lc) (*lc, read only there), whose later keys and values are in the fp16 windows.
+ * n <= 0 (block-uniform): the row has fewer fast splits. */
+static inline void fk_block_tokens(int sf, int nf, int fs, int Lf, const int64_t *lc, int Rm, int *t0, int *n, int *ngq,
+                                   int *nvq) {
+  if (sf == nf) {
+    const int Lc = (int)*lc, Lk = Lc - (Lc & Rm), Lv = Lc > Rm + 1 ? Lc - Rm - 1 : 0;
+    *t0 = Lf;
+    *n = Lc - Lf;
+    *ngq = (Lk - Lf) / 32;
+    *nvq = Lv - Lf;
+  } else {
+    *t0 = sf * fs;
+    *n = Lf - *t0 < fs ? Lf - *t0 : fs; /* a multiple of 32, at most KIVI_FAST_SPLIT */
+    *ngq = *n / 32;
+    *nvq = *n;
+  }
+}
+/* The V operands' scaling from the exponent bounds ve = {scale, zero} of the (layer, kv-head),
+ * unread when nvq = 0 (then they may be unset): p is packed as f16x2 {p * fv, p * fz}, and the
+ * scale/zero pairs are multiplied by ks; the results are scaled back by 2^SV and 2^ZV.
+ * p * scale * 2^(24 - SV) < 2^15 is the operand of the codes.  The factor 2^(24 - SV) is split
+ * so that neither f16 factor overflows: p * 2^min(15, 24 - SV) <= 2^15 and
+ * scale * 2^max(0, 9 - SV) < 1 (exact: a power of two times an f16 that stays normal). */
+static inline void fk_v_scaling(const int32_t *ve, int nvq, int *SV, int *ZV, float *fv, float *fz, uint32_t *ks) {
+  *SV = nvq > 0 ? 9 + ve[0] : 0;
+  *ZV = nvq > 0 ? ve[1] : 0;
+  *fv = fk_p2(24 - *SV < 15 ? 24 - *SV : 15);
+  *fz = fk_p2(-*ZV);
+  *ks = f2h2(fk_p2(9 - *SV > 0 ? 9 - *SV : 0), 1.0f);
+}
 /* The arrival of a fused call's block on its counter *p (all threads; the block's partials are
  * written): 1 in every thread of the block that arrives last (last = the count before it), which
  * then sees all the other blocks' partials. */
@@ -176,6 +208,57 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
   if (tid == 0) *s_last = fk_arrive_acq_rel(p) == last;
   fk_sync();
   return *s_last;
+}
+/* The GQA kernel's last block combines with fk_combine from this many slots on, and with
+ * kivi_combine_item below.  Measured on the H200 (PERF.md, session 9): fk_combine was faster with
+ * 9 and 33 slots (4 heads each) and slower with 5; in the per-head kernel it was slower at every
+ * shape measured (5 to 17 slots), so that kernel keeps kivi_combine_item. */
+#ifndef KIVI_GQA_PCOMBINE_MIN
+#define KIVI_GQA_PCOMBINE_MIN 8
+#endif
+/* The combine of the nslots partials of (row, head) rh by the block that arrived last; thread
+ * tid writes channel tid.  kivi_combine_item reads the slots one after the other, its part_o
+ * load behind a branch on the slot's sum; here all threads compute the slots' weights
+ * w = 2^(m - M) (0 where l = 0) at once, FNT slots per round staged in s_w, and the part_o
+ * loads carry no branch, so that several are in flight (a slot with l = 0 may hold no o: its
+ * value is loaded and dropped).  s_w: FNT floats, s_r: FNW floats of shared memory, free
+ * once the block's own partials are written. */
+__attribute__((noinline)) static void fk_combine(size_t rh, int tid, int nslots, const float *part_o, const float *part_ml, void *out,
+                              int out_f16, float *s_w, float *s_r) {
+  const float *ml = part_ml + rh * nslots * 2, *po = part_o + rh * nslots * FD + tid;
+  const int lane = tid & 31, wid = tid >> 5;
+  float M = -INFINITY;
+  for (int s = tid; s < nslots; s += FNT) M = fmaxf(M, ml[2 * s]);
+  fk_sync(); /* the caller's (or the previous call's) reads of s_w and s_r are done */
+  M = wmax(M);
+  if (lane == 0) s_r[wid] = M;
+  fk_sync();
+  M = fmaxf(fmaxf(s_r[0], s_r[1]), fmaxf(s_r[2], s_r[3]));
+  float num = 0.0f, den = 0.0f;
+  for (int c = 0; c < nslots; c += FNT) {
+    const int s = c + tid, n = nslots - c < FNT ? nslots - c : FNT;
+    float w = 0.0f;
+    if (s < nslots) {
+      const float l = ml[2 * s + 1];
+      w = l > 0.0f ? fk_ex2(ml[2 * s] - M) : 0.0f;
+      den = fmaf(w, l, den);
+    }
+    fk_sync(); /* the previous round's s_w (and the s_r of M) are read */
+    s_w[tid] = w;
+    fk_sync();
+    #pragma unroll 8
+    for (int j = 0; j < n; ++j) {
+      const float o = po[(size_t)(c + j) * FD], wj = s_w[j];
+      num += wj > 0.0f ? wj * o : 0.0f;
+    }
+  }
+  den = wsum(den);
+  fk_sync(); /* s_r of M is read */
+  if (lane == 0) s_r[wid] = den;
+  fk_sync();
+  const float o = num / ((s_r[0] + s_r[1]) + (s_r[2] + s_r[3]));
+  if (out_f16) ((uint16_t *)out)[rh * FD + tid] = kivi_f32_to_f16(o);
+  else ((float *)out)[rh * FD + tid] = o;
 }
 #pragma omp end declare target
 

@@ -305,60 +305,75 @@ START_TEST(decode_f16_out_and_device_pointers) {
 }
 END_TEST
 
-/* Long rows of the paper configurations (2- and 4-bit, D=128, G=32, R=128): on a GPU the fast mode runs
- * the f16x2 kernel alone; the FP32 mode always runs the portable kernel.  Both against the
- * reference with their own tolerance.  gqa: MHA-like 2 over 2 heads, 8 over 2 (8 row and kv-head
- * pairs: the per-head kernel), and 32 over 8, whose 32 pairs with splits of 512 tokens are enough
- * blocks for the GQA kernel. */
+/* Rows of the paper configurations (b-bit keys and values, D=128, G=32, R=128), H kv-heads and HQ
+ * query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
+ * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
+ * set; the FP32 mode always runs the portable kernel. */
+static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int gqa) {
+  const acase a = {128, H, HQ, b, b, 32, 128};
+  kivi_cache_config cfg;
+  kivi_cache_config_init(&cfg, 1, a.H, a.D, nrows, 9216);
+  cfg.k_bits = cfg.v_bits = b;
+  cfg.attention = mode ? KIVI_ATTENTION_FP32 : KIVI_ATTENTION_FAST;
+  kivi_cache *c = NULL;
+  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
+  float **k = malloc(sizeof(float *) * nrows), **v = malloc(sizeof(float *) * nrows);
+  int *ids = malloc(sizeof(int) * nrows);
+  for (int s = 0; s < nrows; ++s) {
+    make_kv(&a, len[s], 300 + (uint64_t)s, &k[s], &v[s]);
+    append_all(c, s, len[s], k[s], v[s]);
+    ids[s] = s;
+  }
+  const size_t qn = (size_t)a.HQ * a.D;
+  float *q = tu_random(qn * nrows, 77, 1.0f), *out = malloc(sizeof(float) * qn * nrows);
+  const float scale = 1.0f / sqrtf(128.0f);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, nrows, ids, a.HQ, q, scale, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  unsigned kernels = 0;
+  ck_assert_int_eq(kivi_cache_last_kernels(c, &kernels), KIVI_OK);
+  kivi_context_info info;
+  ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
+  const int fast = (kernels & KIVI_KERNEL_GPU_F16X2) != 0;
+  ck_assert_int_eq(fast, info.on_gpu && mode == 0 && KIVI_BUILT_WITH_OFFLOAD);
+  /* a fast decode is the f16x2 kernel alone (one launch, fp16 windows and combine included) */
+  ck_assert_uint_eq(kernels, fast ? KIVI_KERNEL_GPU_F16X2 | (gqa ? KIVI_KERNEL_GPU_GQA : 0u) : KIVI_KERNEL_PORTABLE);
+  double *ref = malloc(sizeof(double) * qn), worst = 0;
+  for (int s = 0; s < nrows; ++s) {
+    double *kd, *vd;
+    dequant_seq(c, &a, s, len[s], &kd, &vd);
+    ref_attention(len[s], a.H, a.HQ, a.D, kd, vd, q + qn * s, scale, ref, NULL);
+    worst = fmax(worst, rel_err(out + qn * s, ref, qn));
+    free(kd);
+    free(vd);
+  }
+  const double tol = fast ? FAST_REL_TOL : ATTN_REL_TOL;
+  printf("%d rows, %d-bit, %s mode, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, b,
+         mode ? "fp32" : "fast", a.HQ, a.H, fast ? (kernels & KIVI_KERNEL_GPU_GQA ? "gpu-gqa" : "gpu-f16x2") : "portable",
+         worst, tol);
+  ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
+  for (int s = 0; s < nrows; ++s) { free(k[s]); free(v[s]); }
+  free(k); free(v); free(ids); free(q); free(out); free(ref);
+  kivi_cache_destroy(c);
+}
+
+/* Long rows: MHA-like 2 over 2 heads, 8 over 2 (8 row and kv-head pairs: the per-head kernel),
+ * and 32 over 8, whose 32 pairs with splits of 1024 tokens are enough blocks for the GQA kernel
+ * (10 partials per pair: its last block combines with fk_combine). */
 START_TEST(decode_long_rows_both_modes) {
   const int len[] = {5000, 2048 + 128 + 5, 300, 9000};
   const int b = _i ? 4 : 2; /* KIVI-2, KIVI-4 */
   for (int mode = 0; mode < 2; ++mode)
-    for (int gqa = 0; gqa < 3; ++gqa) {
-      const acase a = {128, gqa == 2 ? 8 : 2, gqa == 0 ? 2 : gqa == 1 ? 8 : 32, b, b, 32, 128};
-      kivi_cache_config cfg;
-      kivi_cache_config_init(&cfg, 1, a.H, a.D, 4, 9216);
-      cfg.k_bits = cfg.v_bits = b;
-      cfg.attention = mode ? KIVI_ATTENTION_FP32 : KIVI_ATTENTION_FAST;
-      kivi_cache *c = NULL;
-      ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
-      float *k[4], *v[4];
-      for (int s = 0; s < 4; ++s) {
-        make_kv(&a, len[s], 300 + (uint64_t)s, &k[s], &v[s]);
-        append_all(c, s, len[s], k[s], v[s]);
-      }
-      const size_t qn = (size_t)a.HQ * a.D;
-      float *q = tu_random(qn * 4, 77, 1.0f), *out = malloc(sizeof(float) * qn * 4);
-      const int ids[4] = {0, 1, 2, 3};
-      const float scale = 1.0f / sqrtf(128.0f);
-      ck_assert_int_eq(kivi_attention_decode(c, 0, 4, ids, a.HQ, q, scale, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
-      unsigned kernels = 0;
-      ck_assert_int_eq(kivi_cache_last_kernels(c, &kernels), KIVI_OK);
-      kivi_context_info info;
-      ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
-      const int fast = (kernels & KIVI_KERNEL_GPU_F16X2) != 0;
-      ck_assert_int_eq(fast, info.on_gpu && mode == 0 && KIVI_BUILT_WITH_OFFLOAD);
-      /* a fast decode is the f16x2 kernel alone (one launch, fp16 windows and combine included);
-       * the 32-over-8 rows run its GQA variant */
-      ck_assert_uint_eq(kernels, fast ? KIVI_KERNEL_GPU_F16X2 | (gqa == 2 ? KIVI_KERNEL_GPU_GQA : 0u) : KIVI_KERNEL_PORTABLE);
-      double *ref = malloc(sizeof(double) * qn), worst = 0;
-      for (int s = 0; s < 4; ++s) {
-        double *kd, *vd;
-        dequant_seq(c, &a, s, len[s], &kd, &vd);
-        ref_attention(len[s], a.H, a.HQ, a.D, kd, vd, q + qn * s, scale, ref, NULL);
-        worst = fmax(worst, rel_err(out + qn * s, ref, qn));
-        free(kd);
-        free(vd);
-      }
-      const double tol = fast ? FAST_REL_TOL : ATTN_REL_TOL;
-      printf("long rows, %d-bit, %s mode, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", b,
-             mode ? "fp32" : "fast", a.HQ, a.H, fast ? (kernels & KIVI_KERNEL_GPU_GQA ? "gpu-gqa" : "gpu-f16x2") : "portable",
-             worst, tol);
-      ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
-      for (int s = 0; s < 4; ++s) { free(k[s]); free(v[s]); }
-      free(q); free(out); free(ref);
-      kivi_cache_destroy(c);
-    }
+    for (int gqa = 0; gqa < 3; ++gqa)
+      rows_case(b, mode, gqa == 2 ? 8 : 2, gqa == 0 ? 2 : gqa == 1 ? 8 : 32, 4, len, gqa == 2);
+}
+END_TEST
+
+/* 16 rows of about 2k tokens, 32 over 8 heads: 128 pairs, splits of 1024 tokens, 4 partials per
+ * pair (fewer than KIVI_GQA_PCOMBINE_MIN: the GQA kernel's serial combine); row 5 is shorter
+ * than a split, so its other slots are empty. */
+START_TEST(decode_gqa_many_rows) {
+  int len[16];
+  for (int s = 0; s < 16; ++s) len[s] = s == 5 ? 200 : 2300 - 29 * s;
+  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 1);
 }
 END_TEST
 
@@ -403,6 +418,7 @@ int main(void) {
   tcase_add_test(tc, decode_equals_extend_qlen1);
   tcase_add_test(tc, decode_f16_out_and_device_pointers);
   tcase_add_loop_test(tc, decode_long_rows_both_modes, 0, 2);
+  tcase_add_loop_test(tc, decode_gqa_many_rows, 0, 2);
   tcase_add_test(tc, bad_arguments);
   suite_add_tcase(s, tc);
   return tu_run(s);

@@ -1,7 +1,9 @@
-/* Host emulation of fk_combine (docs/experiments/combine-par.patch; its text extracted verbatim
- * into fk_combine.inc, see the patch header): 128 pthreads as one block, barriers for fk_sync,
- * warp reductions through shared arrays.  Compared with kivi_combine_item (kernels_attn.h) on
- * random partials, empty slots holding NaN garbage.  Not built by the project. */
+/* Host emulation of fk_combine (src/attention_gpu.c), its text extracted verbatim:
+ *   awk '/^__attribute__\(\(noinline\)\) static void fk_combine/,/^}/' src/attention_gpu.c > fk_combine.inc
+ * 128 pthreads as one block, barriers for fk_sync, warp reductions through shared arrays.
+ * Compared with kivi_combine_item (kernels_attn.h) on random partials, empty slots holding NaN
+ * garbage.  Not built by the project.  Build, from the directory holding fk_combine.inc:
+ *   gcc -O2 -I. -I<host build dir> -Isrc -Iinclude docs/experiments/combine-par-harness.c -lpthread -lm */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
