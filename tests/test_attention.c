@@ -120,7 +120,7 @@ START_TEST(decode_boundary_lengths) {
    * every case: no quantized token (1 .. 128), values quantized for fewer than 32 tokens (129),
    * none left over after whole grains (160), no fp16 key (256 = 2R) */
   const int b = _i ? 4 : 2;
-  const acase a = {128, 2, 2, b, b, 32, 128};
+  const acase a = {128, 2, 2, b, b, 32, 128, 0};
   const int len[] = {1, 5, 127, 128, 129, 32, 2 * 128 + 32 + 3, 1500, 160, 256};
   decode_case(&a, 10, len, 1 + (uint64_t)_i);
 }
@@ -141,15 +141,15 @@ END_TEST
 
 START_TEST(decode_gqa_ratios) {
   const acase cases[] = {
-      {64, 3, 9, 2, 2, 32, 128},   /* SmolLM2: ratio 3 */
-      {128, 2, 8, 4, 4, 32, 128},  /* ratio 4 */
-      {128, 1, 8, 2, 4, 32, 64},   /* MQA, ratio 8 */
-      {64, 4, 4, 4, 2, 64, 128},   /* MHA, G=64 */
-      {128, 1, 32, 2, 2, 128, 128},/* 32 query heads over one kv-head: several head chunks */
-      {96, 2, 4, 8, 8, 32, 64},    /* head_dim 96 works too */
-      {128, 2, 4, 16, 16, 32, 128},/* the fp16 path */
-      {128, 2, 6, 2, 2, 32, 32},   /* the GPU fast path with the smallest window */
-      {128, 1, 4, 2, 2, 32, 512},  /* ... and a long one (a tail block of up to 543 tokens) */
+      {64, 3, 9, 2, 2, 32, 128, 0},     /* SmolLM2: ratio 3 */
+      {128, 2, 8, 4, 4, 32, 128, 0},    /* ratio 4 */
+      {128, 1, 8, 2, 4, 32, 64, 0},     /* MQA, ratio 8 */
+      {64, 4, 4, 4, 2, 64, 128, 0},     /* MHA, G=64 */
+      {128, 1, 32, 2, 2, 128, 128, 0},  /* 32 query heads over one kv-head: several head chunks */
+      {96, 2, 4, 8, 8, 32, 64, 0},      /* head_dim 96 works too */
+      {128, 2, 4, 16, 16, 32, 128, 0},  /* the fp16 path */
+      {128, 2, 6, 2, 2, 32, 32, 0},     /* the GPU fast path with the smallest window */
+      {128, 1, 4, 2, 2, 32, 512, 0},    /* ... and a long one (a tail block of up to 543 tokens) */
   };
   const int len[] = {700, 129, 1, 300};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) decode_case(&cases[i], 4, len, 100 + i);
@@ -183,7 +183,7 @@ static void extend_check(kivi_cache *c, const acase *a, int seq, int L, int qlen
 }
 
 START_TEST(extend_chunked_prefill) {
-  const acase a = {64, 3, 9, 2, 2, 32, 128};
+  const acase a = {64, 3, 9, 2, 2, 32, 128, 0};
   const int P = 700, chunk = 200;
   float *k, *v;
   make_kv(&a, P, 5, &k, &v);
@@ -222,7 +222,7 @@ END_TEST
 /* While the prompt fits in the fp16 window (P <= R) and the inputs are fp16 values, chunked and
  * one-shot prefill see the same numbers: their outputs agree to fp32 accuracy. */
 START_TEST(extend_chunked_equals_oneshot_in_window) {
-  const acase a = {128, 2, 8, 2, 2, 32, 128};
+  const acase a = {128, 2, 8, 2, 2, 32, 128, 0};
   const int P = 120, chunk = 37;
   float *k, *v;
   make_kv(&a, P, 8, &k, &v);
@@ -251,7 +251,7 @@ END_TEST
  * token is an fp16 value and the append quantizes nothing (the token stays in both windows);
  * past the window both are checked against the reference of their own cache state. */
 START_TEST(decode_equals_extend_qlen1) {
-  const acase a = {64, 3, 9, 4, 2, 32, 64};
+  const acase a = {64, 3, 9, 4, 2, 32, 64, 0};
   const int lens[] = {0, 10, 62};
   for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li) {
     const int L = lens[li];
@@ -278,7 +278,7 @@ END_TEST
 
 /* fp16 output = fp16 rounding of the fp32 output; device pointers give the host-pointer result. */
 START_TEST(decode_f16_out_and_device_pointers) {
-  const acase a = {128, 2, 8, 2, 2, 32, 128};
+  const acase a = {128, 2, 8, 2, 2, 32, 128, 0};
   const int L = 900, id = 0;
   float *k, *v;
   make_kv(&a, L, 40, &k, &v);
@@ -310,7 +310,7 @@ END_TEST
  * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
  * set; the FP32 mode always runs the portable kernel. */
 static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int gqa) {
-  const acase a = {128, H, HQ, b, b, 32, 128};
+  const acase a = {128, H, HQ, b, b, 32, 128, 0};
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, 1, a.H, a.D, nrows, 9216);
   cfg.k_bits = cfg.v_bits = b;
@@ -378,7 +378,7 @@ START_TEST(decode_gqa_many_rows) {
 END_TEST
 
 START_TEST(bad_arguments) {
-  const acase a = {64, 2, 4, 2, 2, 32, 128};
+  const acase a = {64, 2, 4, 2, 2, 32, 128, 0};
   kivi_cache *c = make_cache(&a, 2, 256);
   float *k, *v;
   make_kv(&a, 10, 50, &k, &v);
