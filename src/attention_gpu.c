@@ -211,8 +211,8 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 }
 /* The GQA kernel's last block combines with fk_combine from this many slots on, and with
  * kivi_combine_item below.  Measured on the H200 (PERF.md, session 9): fk_combine was faster with
- * 9 and 33 slots (4 heads each) and slower with 5; in the per-head kernel it was slower at every
- * shape measured (5 to 17 slots), so that kernel keeps kivi_combine_item. */
+ * 9 and 33 slots (4 heads each) and slower with 5; in the per-head kernel it was no faster at any
+ * shape measured (5 to 17 slots; slower in 8 of 10), so that kernel keeps kivi_combine_item. */
 #ifndef KIVI_GQA_PCOMBINE_MIN
 #define KIVI_GQA_PCOMBINE_MIN 8
 #endif
