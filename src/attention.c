@@ -79,7 +79,7 @@ typedef struct att_plan {
   int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
   int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
-  int gqa;                           /* the fast path's GQA kernel (kivi_gpu_fast_gqa) */
+  int gqa;                           /* the fast path's GQA kernel (attention_gqa.inc) */
   int64_t nslots;                    /* partials per (row, head): nf + nsplit, or nf + 1 fused */
 } att_plan;
 
@@ -207,7 +207,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
    * 132); elsewhere the per-head kernel was faster on the H200 (PERF.md, session 8) */
   const int nkv = c->cfg.n_kv_heads;
   const int64_t pairs = (int64_t)rows * nkv;
-  const int gqa = kivi_gpu_fast_gqa(c, HQ) && pairs >= KIVI_GQA_MIN_PAIRS && pairs * ((maxbeg + 511) / 512) >= 2 * 132;
+  const int gqa = fast && HQ == KIVI_GQA_NH * nkv && pairs >= KIVI_GQA_MIN_PAIRS && pairs * ((maxbeg + 511) / 512) >= 2 * 132;
   /* shorter fast splits when few blocks would leave SMs idle */
   const int nhb = gqa ? nkv : HQ; /* blocks per row and split */
   int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;

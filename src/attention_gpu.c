@@ -270,10 +270,6 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
          f->head_dim == FD && f->group == 32 && R >= 32 && (R & (R - 1)) == 0;
 }
 
-int kivi_gpu_fast_gqa(const kivi_cache *c, int HQ) {
-  return kivi_gpu_fast_eligible(c) && HQ == KIVI_GQA_NH * c->cfg.n_kv_heads;
-}
-
 /* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
  * of part_o [rows][HQ][nslots][128] and part_ml [rows][HQ][nslots][2] (unnormalized o, max m
  * and sum l in base 2).  dd: the row descriptor in host memory, ndd int64 values (R_SEQ, R_BEG
@@ -313,11 +309,6 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
 #else /* no offload: never eligible */
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   (void)c;
-  return 0;
-}
-int kivi_gpu_fast_gqa(const kivi_cache *c, int HQ) {
-  (void)c;
-  (void)HQ;
   return 0;
 }
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,

@@ -169,7 +169,6 @@ int kivi_gpu_fast_eligible(const kivi_cache *c);
 #define KIVI_GQA_NH 4
 #define KIVI_GQA_SPLIT 1024
 #define KIVI_GQA_MIN_PAIRS 32 /* (row, kv-head) pairs below which the per-head kernel runs */
-int kivi_gpu_fast_gqa(const kivi_cache *c, int HQ);
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                           int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
