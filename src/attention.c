@@ -212,10 +212,23 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   const int nhb = gqa ? nkv : HQ; /* blocks per row and split */
   int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;
   while (fs > 512 && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * 132) fs /= 2;
+  /* fold: in a fused per-head decode the tail block of each row may also take the row's last
+   * split (it then starts at nf fs, not at beg), one block fewer per (row, head).  Done where
+   * that saves a wave of resident blocks, e.g. (1 row, 32 heads, 8k tokens): 544 -> 512 blocks,
+   * and where the tail block's tokens, at most fs + R + 31, fit the kernel's logits */
+  int nf = (int)((maxbeg + fs - 1) / fs);
+  const int64_t nb = (int64_t)rows * HQ, W = KIVI_FAST_WAVE;
+  const int fold = fast && decode && !gqa && nf > 0 && fs + R + KIVI_FAST_GRAIN <= KIVI_FAST_SPLIT &&
+                   (nb * (nf + 1) + W - 1) / W > (nb * nf + W - 1) / W;
+  if (fold) {
+    --nf;
+    for (int r = 0; r < rows; ++r)
+      if (hd[R_BEG * (int64_t)rows + r] > (int64_t)nf * fs) hd[R_BEG * (int64_t)rows + r] = (int64_t)nf * fs;
+  }
   att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
   p.fs = fs;
   p.gqa = gqa;
-  p.nf = (int)((maxbeg + fs - 1) / fs);
+  p.nf = nf;
   p.fused = fast && decode;
   if (p.fused) p.nsplit = p.nitems = 0;
   p.nslots = p.nf + (p.fused ? 1 : p.nsplit);

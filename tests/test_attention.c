@@ -377,6 +377,16 @@ START_TEST(decode_gqa_many_rows) {
 }
 END_TEST
 
+/* 2 rows, 32 over 32 heads, 512-token splits: 64 x (8 splits + tail) = 576 blocks would take
+ * two waves of the 528 an H200 holds at once, so the plan folds each row's last split into its
+ * tail block (512 blocks).  Row 0's tail block then starts at 7 x 512 = 3584, before its
+ * quantized-tail start 3968; row 1 (quantized up to 2848) keeps its own start. */
+START_TEST(decode_folded_tail) {
+  const int len[] = {4100, 3000};
+  rows_case(_i ? 4 : 2, 0, 32, 32, 2, len, 0);
+}
+END_TEST
+
 START_TEST(bad_arguments) {
   const acase a = {64, 2, 4, 2, 2, 32, 128, 0};
   kivi_cache *c = make_cache(&a, 2, 256);
@@ -419,6 +429,7 @@ int main(void) {
   tcase_add_test(tc, decode_f16_out_and_device_pointers);
   tcase_add_loop_test(tc, decode_long_rows_both_modes, 0, 2);
   tcase_add_loop_test(tc, decode_gqa_many_rows, 0, 2);
+  tcase_add_loop_test(tc, decode_folded_tail, 0, 2);
   tcase_add_test(tc, bad_arguments);
   suite_add_tcase(s, tc);
   return tu_run(s);

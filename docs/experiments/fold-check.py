@@ -1,20 +1,22 @@
-"""Host model of fold-tail.patch: plan_call's split plan (src/attention.c, with the patch) and the
-kernels' fk_block_tokens (src/attention_gpu.c), written out again in Python.  For random row
-sets it checks that every token of every row lies in exactly one block, that the tail block's
-quantized key groups and values start where the formulas need them (whole groups, nothing
-negative), and that no block holds more than KIVI_FAST_SPLIT tokens (the kernel's logits).  Then
-it prints the plans of the batch-1 shapes.  Run: python3 docs/experiments/fold-tail-check.py"""
+"""Host model of plan_call's fold (src/attention.c): the split plan of a fused per-head decode and
+the kernels' fk_block_tokens (src/attention_gpu.c), written out again in Python.  Where folding
+the last split of each row into its tail block saves a wave of KIVI_FAST_WAVE resident blocks,
+the tail block starts at nf fs.  For random row sets it checks that every token of every row
+lies in exactly one block, that the tail block's quantized key groups and values start where the
+formulas need them (whole groups, nothing negative), and that no block holds more than
+KIVI_FAST_SPLIT tokens (the kernel's logits).  Then it prints the plans of some shapes.
+Run: python3 docs/experiments/fold-check.py"""
 import random
 GRAIN=32; FSPLIT=2048
-def plan(Lcs, R, HQ, fold_enabled=True):
+def plan(Lcs, R, HQ, WAVE=4*132):
     begs=[(Lc-R)//GRAIN*GRAIN if Lc>R else 0 for Lc in Lcs]
     maxbeg=max(begs); rows=len(Lcs)
-    foldable=fold_enabled
     fs=FSPLIT
-    while fs > (256 if foldable else 512) and rows*HQ*((maxbeg+fs-1)//fs) < 264: fs//=2
-    fold = foldable and maxbeg>0 and fs+R+GRAIN<=FSPLIT
-    nf=(maxbeg+fs-1)//fs - fold
-    if fold: begs=[min(b, nf*fs) for b in begs]
+    while fs > 512 and rows*HQ*((maxbeg+fs-1)//fs) < 264: fs//=2
+    nf=(maxbeg+fs-1)//fs; nb=rows*HQ
+    fold = nf>0 and fs+R+GRAIN<=FSPLIT and (nb*(nf+1)+WAVE-1)//WAVE > (nb*nf+WAVE-1)//WAVE
+    if fold:
+        nf-=1; begs=[min(b, nf*fs) for b in begs]
     return fs,nf,begs,fold
 def blocks(Lc, Lf, fs, nf, R):
     Rm=R-1; out=[]
@@ -29,7 +31,7 @@ def blocks(Lc, Lf, fs, nf, R):
     return out
 random.seed(1); worst=0; cnt=0
 for it in range(20000):
-    R=random.choice([32,64,128,256,512]); rows=random.randint(1,8); HQ=random.choice([1,4,32])
+    R=random.choice([32,64,128,256,512]); rows=random.randint(1,8); HQ=random.choice([1,4,32,64])
     Lcs=[random.choice([random.randint(1,300), random.randint(1,5000), random.randint(1,40000)]) for _ in range(rows)]
     fs,nf,begs,fold=plan(Lcs,R,HQ)
     cnt+=fold
@@ -41,5 +43,5 @@ for it in range(20000):
             for t in range(t0,t0+n): cov[t]+=1
         assert all(c==1 for c in cov), (Lc,Lf,fs,nf,R)
 print("ok", "folded plans", cnt, "largest block", worst)
-for Lc,B in [(4096,1),(8192,1),(32768,1),(4096,8)]:
+for Lc,B in [(4096,1),(8192,1),(16384,1),(32768,1),(4096,2),(4096,4),(4096,8),(32768,8),(4096,32)]:
     fs,nf,begs,fold=plan([Lc]*B,128,32); print(B,Lc,"fs",fs,"nf",nf,"fold",fold,"blocks",B*32*(nf+1))
