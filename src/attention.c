@@ -207,11 +207,12 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
    * 132); elsewhere the per-head kernel was faster on the H200 (PERF.md, session 8) */
   const int nkv = c->cfg.n_kv_heads;
   const int64_t pairs = (int64_t)rows * nkv;
-  const int gqa = fast && HQ == KIVI_GQA_NH * nkv && pairs >= KIVI_GQA_MIN_PAIRS && pairs * ((maxbeg + 511) / 512) >= 2 * 132;
+  const int gqa = fast && HQ == KIVI_GQA_NH * nkv && pairs >= KIVI_GQA_MIN_PAIRS &&
+                  pairs * ((maxbeg + 511) / 512) >= 2 * KIVI_FAST_SMS;
   /* shorter fast splits when few blocks would leave SMs idle */
   const int nhb = gqa ? nkv : HQ; /* blocks per row and split */
   int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;
-  while (fs > 512 && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * 132) fs /= 2;
+  while (fs > 512 && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * KIVI_FAST_SMS) fs /= 2;
   /* fold: in a fused per-head decode the tail block of each row may also take the row's last
    * split (it then starts at nf fs, not at beg), one block fewer per (row, head).  Done where
    * that saves a wave of resident blocks, e.g. (1 row, 32 heads, 8k tokens): 544 -> 512 blocks,

@@ -163,7 +163,8 @@ static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
  * decode call also the rest of the row and the combine (out != NULL). */
 #define KIVI_FAST_SPLIT 2048
 #define KIVI_FAST_GRAIN 32
-#define KIVI_FAST_WAVE (4 * 132) /* blocks of the per-head kernel resident at once on an H200 */
+#define KIVI_FAST_SMS 132 /* the GPU the fast path's plans are tuned for: an H200's SMs */
+#define KIVI_FAST_WAVE (4 * KIVI_FAST_SMS) /* blocks of the per-head kernel resident at once */
 int kivi_gpu_fast_eligible(const kivi_cache *c);
 /* GQA with KIVI_GQA_NH query heads per kv-head: the fast path's tensor-core kernel takes one
  * block per (row, kv-head, split), splits of at most KIVI_GQA_SPLIT tokens */
