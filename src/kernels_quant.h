@@ -24,23 +24,9 @@ static inline uint32_t kivi_quant_code(float x, float scale, float zero, float m
   return kivi_code_of((x - zero) / scale + 0.5f, maxq);
 }
 
-/* The same code with rs = 1 / scale, computed once per group: the product (x - zero) * rs is
- * within 2^-12 of the quotient for x in the group (|quotient| <= 1.5 maxq < 2^9, the 1.5 for
- * subnormal scales), so where y = product + 1/2 is more than KIVI_QUANT_EPS from an integer
- * both give the same code; nearer (rare), the quotient decides.  The codes are those of the
- * division, bit for bit (tests/test_half.c), for a multiplication: an IEEE division is a dozen
- * instructions on the GPU.  The prefill's key kernel uses it (930 -> 700 us for 32k tokens on
- * the H200, PERF.md v16); in the value kernel and the one-kernel append it raised the registers
- * and the time (value kernel 617 -> 770 us, one-kernel append 38 -> 48 us), so they divide. */
+/* The larger appends compute codes by a multiplication with 1 / scale (kivi_quant_code_mul
+ * below) and take the division only within KIVI_QUANT_EPS of a rounding boundary. */
 #define KIVI_QUANT_EPS (1.0f / 1024.0f)
-static inline uint32_t kivi_quant_code_rcp(float x, float scale, float rs, float zero, float maxq) {
-  if (!(scale > 0.0f)) return 0u;
-  const float d = x - zero;
-  float y = d * rs + 0.5f;
-  const float fr = y - floorf(y);
-  if (fr < KIVI_QUANT_EPS || fr > 1.0f - KIVI_QUANT_EPS) y = d / scale + 0.5f;
-  return kivi_code_of(y, maxq);
-}
 
 /* Group statistics -> stored fp16 scale and zero. */
 static inline void kivi_group_params(float mn, float mx, int bits, uint16_t *hs, uint16_t *hz) {
@@ -72,14 +58,14 @@ static inline __attribute__((always_inline)) void kivi_quant_k_item(unsigned cha
                                                                     uint16_t *zero, int bits, int G, int c0, int64_t p0,
                                                                     int64_t L, const uint16_t *ring, int R, int D,
                                                                     const uint16_t *stage, int64_t stage_tok, int H,
-                                                                    int h, int rcp) {
+                                                                    int h) {
   if (bits == 16) {
     for (int t = 0; t < G; ++t)
       *(kivi_f16x8 *)(codes + (size_t)t * rb) = kivi_ld8(kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0);
     return;
   }
   const float maxq = (float)((1u << bits) - 1u);
-  float mn[8], mx[8], rs[8];
+  float mn[8], mx[8];
   for (int j = 0; j < 8; ++j) { mn[j] = INFINITY; mx[j] = -INFINITY; }
   for (int t = 0; t < G; ++t) {
     const kivi_f16x8 v = kivi_ld8(kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0);
@@ -96,15 +82,13 @@ static inline __attribute__((always_inline)) void kivi_quant_k_item(unsigned cha
     zero[j] = hz;
     mx[j] = kivi_f16_to_f32(hs);
     mn[j] = kivi_f16_to_f32(hz);
-    rs[j] = rcp ? 1.0f / mx[j] : 0.0f;
   }
   for (int t = 0; t < G; ++t) {
     const kivi_f16x8 v = kivi_ld8(kivi_src_row(p0 + t, L, ring, R, D, stage, stage_tok, H, h) + c0);
     uint64_t w = 0;
     for (int j = 0; j < 8; ++j) {
       const float f = kivi_f16_to_f32(v.v[j]);
-      w |= (uint64_t)(rcp ? kivi_quant_code_rcp(f, mx[j], rs[j], mn[j], maxq) : kivi_quant_code(f, mx[j], mn[j], maxq))
-           << (bits * j);
+      w |= (uint64_t)kivi_quant_code(f, mx[j], mn[j], maxq) << (bits * j);
     }
     unsigned char *dst = codes + (size_t)t * rb;
     if (bits == 2) *(uint16_t *)dst = (uint16_t)w;
@@ -113,13 +97,10 @@ static inline __attribute__((always_inline)) void kivi_quant_k_item(unsigned cha
   }
 }
 
-/* V item: channel group cg (G channels) of one token row x (16-byte aligned).  codes points at
- * the token's code row, sz at the token's {scale, zero} array.  wide: read the group 16 bytes at
- * a time (G is a multiple of 8), else 2 bytes at a time with 8 loads in flight.  On the H200
- * the wide loads made the prefill's value kernel faster (937 -> 616 us for 32k tokens) and the
- * one-kernel append of a decode step slower (17.8 -> 24.8 us), so each takes its own. */
-static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, int G, int cg, const uint16_t *x,
-                                     int wide) {
+/* The one-kernel append's V item: channel group cg (G channels) of one token row x, read 2
+ * bytes at a time with 8 loads in flight (on the H200 16-byte loads made this append slower:
+ * 17.8 -> 24.8 us).  codes points at the token's code row, sz at its {scale, zero} array. */
+static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, int G, int cg, const uint16_t *x) {
   x += (size_t)cg * G;
   if (bits == 16) {
     uint32_t *w = codes + (size_t)cg * G / 2;
@@ -128,77 +109,272 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
   }
   const int cpw = 32 / bits;
   float mn = INFINITY, mx = -INFINITY;
-  if (wide) {
-    KIVI_UNROLL4
-    for (int c8 = 0; c8 < G; c8 += 8) {
-      const kivi_f16x8 v = kivi_ld8(x + c8);
-      for (int j = 0; j < 8; ++j) {
-        const float f = kivi_f16_to_f32(v.v[j]);
-        mn = fminf(mn, f);
-        mx = fmaxf(mx, f);
-      }
-    }
-  } else {
-    KIVI_UNROLL8
-    for (int c = 0; c < G; ++c) {
-      const float f = kivi_f16_to_f32(x[c]);
-      mn = fminf(mn, f);
-      mx = fmaxf(mx, f);
-    }
+  KIVI_UNROLL8
+  for (int c = 0; c < G; ++c) {
+    const float f = kivi_f16_to_f32(x[c]);
+    mn = fminf(mn, f);
+    mx = fmaxf(mx, f);
   }
   uint16_t hs, hz;
   kivi_group_params(mn, mx, bits, &hs, &hz);
   sz[2 * cg] = hs;
   sz[2 * cg + 1] = hz;
   const float s = kivi_f16_to_f32(hs), z = kivi_f16_to_f32(hz), maxq = (float)((1u << bits) - 1u);
-  uint32_t *w = codes + (size_t)cg * G / cpw, word = 0;
-  if (wide) {
-    KIVI_UNROLL4
-    for (int c8 = 0; c8 < G; c8 += 8) {
-      const kivi_f16x8 v = kivi_ld8(x + c8);
-      for (int j = 0; j < 8; ++j) {
-        const int c = c8 + j;
-        word |= kivi_quant_code(kivi_f16_to_f32(v.v[j]), s, z, maxq) << (bits * (c % cpw));
-        if (c % cpw == cpw - 1) {
-          w[c / cpw] = word;
-          word = 0;
-        }
-      }
-    }
-  } else {
-    for (int i = 0; i < G / cpw; ++i) {
-      word = 0;
-      for (int j = 0; j < cpw; ++j) word |= kivi_quant_code(kivi_f16_to_f32(x[i * cpw + j]), s, z, maxq) << (bits * j);
-      w[i] = word;
-    }
+  uint32_t *w = codes + (size_t)cg * G / cpw;
+  for (int i = 0; i < G / cpw; ++i) {
+    uint32_t word = 0;
+    for (int j = 0; j < cpw; ++j) word |= kivi_quant_code(kivi_f16_to_f32(x[i * cpw + j]), s, z, maxq) << (bits * j);
+    w[i] = word;
   }
 }
 
-/* K item of a completed block: token group g, channels 8 c8 .. 8 c8 + 7 of the kv-head's
- * sub-block sb (the group's first position p0), tokens from the ring (before L) or the stage;
- * rcp: kivi_quant_code_rcp instead of the division (constant at each call). */
-static inline __attribute__((always_inline)) void kivi_k_item_bits(unsigned char *sb, const kivi_layout *lay, int g,
-                                                                   int c8, int64_t p0, int64_t L, const uint16_t *ring,
-                                                                   const uint16_t *stage, int64_t st0, int h, int rcp) {
+/* The one-kernel append's K item (append_fast.inc): token group g, channels 8 c8 .. 8 c8 + 7 of
+ * the kv-head's sub-block sb (the group's first position p0), tokens from the ring (before L)
+ * or the stage. */
+static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0, int64_t L,
+                                      const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
   const int G = lay->G, D = lay->D, R = lay->R, H = lay->H, c0 = 8 * c8;
   const size_t rb = (size_t)lay->kw * 4; /* bytes per token row of codes */
   unsigned char *codes = sb + (size_t)g * G * rb + (size_t)c0 * lay->kb / 8;
   uint16_t *sc = (uint16_t *)(sb + lay->ksz_off) + (size_t)g * 2 * D + c0;
   switch (lay->kb) { /* constant bits: the per-channel arrays of the item stay in registers */
-  case 2: kivi_quant_k_item(codes, rb, sc, sc + D, 2, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
-  case 4: kivi_quant_k_item(codes, rb, sc, sc + D, 4, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
-  case 8: kivi_quant_k_item(codes, rb, sc, sc + D, 8, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
-  default: kivi_quant_k_item(codes, rb, sc, sc + D, 16, G, c0, p0, L, ring, R, D, stage, st0, H, h, rcp); break;
+  case 2: kivi_quant_k_item(codes, rb, sc, sc + D, 2, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  case 4: kivi_quant_k_item(codes, rb, sc, sc + D, 4, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  case 8: kivi_quant_k_item(codes, rb, sc, sc + D, 8, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  default: kivi_quant_k_item(codes, rb, sc, sc + D, 16, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
   }
 }
-/* the one-kernel append's (division) and the prefill key kernel's (reciprocal) */
-static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0, int64_t L,
-                                      const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
-  kivi_k_item_bits(sb, lay, g, c8, p0, L, ring, stage, st0, h, 0);
+
+/* ---- The items of the larger appends (cache_append.inc, kernels 2a and 2b) ----
+ * They read fp16 (or bf16, bf: rounded to fp16 as they are read) in pairs packed in 32-bit
+ * words, hold a block of 32 tokens (keys) or 32 channels (values) in registers between the
+ * statistics and the codes, and return the non-finite marks of what they read (nonzero: the
+ * input had a NaN, an Inf or a value fp16 cannot hold), so they read the caller's input
+ * directly: the check rides on the quantization. */
+#define KIVI_UNROLL32 _Pragma("GCC unroll 32")
+#define KIVI_QBLK 32 /* tokens (keys) or channels (values) per block held in registers */
+/* Hides a value's origin from the optimizer, so that the codes' pass converts the fp16 pairs
+ * again instead of keeping every fp32 value of the statistics' pass alive (on the GPU: 241
+ * registers for the key item without it).  An empty asm: no instruction. */
+#define KIVI_OPAQUE(x) __asm__("" : "+r"(x))
+
+typedef struct kivi_u32x2 {
+  uint32_t w[2];
+} __attribute__((aligned(8), may_alias)) kivi_u32x2; /* may_alias: they read fp16 arrays */
+typedef struct kivi_u32x4 {
+  uint32_t w[4];
+} __attribute__((aligned(16), may_alias)) kivi_u32x4;
+
+/* A bf16 pair rounded to an fp16 pair. */
+static inline uint32_t kivi_bf16x2_to_f16x2(uint32_t w) {
+  return (uint32_t)kivi_f32_to_f16(kivi_bf16_to_f32((uint16_t)w)) |
+         (uint32_t)kivi_f32_to_f16(kivi_bf16_to_f32((uint16_t)(w >> 16))) << 16;
 }
-static inline void kivi_append_k_item_rcp(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0,
-                                          int64_t L, const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
-  kivi_k_item_bits(sb, lay, g, c8, p0, L, ring, stage, st0, h, 1);
+/* Nonzero if a half of the fp16 pair w is not finite: an all-ones exponent carries into the
+ * half's sign bit when 1 is added to it (the low half cannot carry into the high one). */
+static inline uint32_t kivi_f16x2_nonfinite(uint32_t w) { return ((w & 0x7c007c00u) + 0x04000400u) & 0x80008000u; }
+static inline float kivi_f16x2_lo(uint32_t w) { return kivi_f16_to_f32((uint16_t)w); }
+static inline float kivi_f16x2_hi(uint32_t w) { return kivi_f16_to_f32((uint16_t)(w >> 16)); }
+
+/* The code by a multiplication, for x >= zero (the group's minimum) and rs = 1 / scale (0 for a
+ * zero scale: code 0, as the division's): r = (x - zero) rs rounded to the nearest integer,
+ * clamped to maxq.  r is within 2^-12 of the quotient (|quotient| <= 1.5 maxq < 2^9, the 1.5 for subnormal scales), so where it
+ * is more than KIVI_QUANT_EPS from a half-integer the code is the division's.  *dev rises to
+ * |r - rint(r)|: where it ends above KIVI_QUANT_NEAR the caller takes kivi_quant_code (rare:
+ * the items redo those values after their loop, where a test per value would make the
+ * compiler compute every division). */
+#define KIVI_QUANT_NEAR (0.5f - KIVI_QUANT_EPS)
+static inline uint32_t kivi_quant_code_mul(float x, float rs, float zero, float maxq, float *dev) {
+  const float r = (x - zero) * rs, rn = rintf(r);
+  *dev = fmaxf(*dev, fabsf(r - rn));
+  return (uint32_t)fminf(rn, maxq);
+}
+static inline float kivi_quant_rs(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
+
+/* The 4 values of token t of a key item: one load from an address chosen without a branch (a
+ * branch per token would keep the loads of a group from being in flight together), bf16
+ * rounded to fp16 for the source's tokens where bf (constant at each call). */
+static inline __attribute__((always_inline)) kivi_u32x2 kivi_k4_load(const uint16_t *rrow, const uint16_t *srow,
+                                                                     int t, int nring, int D, size_t sstep, int bf) {
+  const int from_src = t >= nring;
+  const uint16_t *p = from_src ? srow + (size_t)(t - nring) * sstep : rrow + (size_t)(from_src ? 0 : t) * D;
+  kivi_u32x2 v = *(const kivi_u32x2 *)p;
+  if (bf) {
+    const uint32_t a = kivi_bf16x2_to_f16x2(v.w[0]), b = kivi_bf16x2_to_f16x2(v.w[1]);
+    v.w[0] = from_src ? a : v.w[0];
+    v.w[1] = from_src ? b : v.w[1];
+  }
+  return v;
+}
+
+/* The 4 codes w of a token (bits each) at dst. */
+static inline void kivi_k4_store(unsigned char *dst, uint32_t w, int bits) {
+  if (bits == 2) *dst = (unsigned char)w;
+  else if (bits == 4) *(uint16_t *)dst = (uint16_t)w;
+  else *(uint32_t *)dst = w;
+}
+
+/* K item of the larger appends: channels c0..c0+3 (c0 a multiple of 4) of the G tokens from
+ * position p0 (a group: p0 mod R + G <= R), bits constant at each call.  Tokens before L come
+ * from the residual ring, the others from src ([token][H][D] from token src_tok at L, 8-byte
+ * aligned rows; bf: bf16).  codes: the group's first code row at channel c0, rb bytes per row;
+ * sc / zr: the group's scales / zeros at channel c0 (absent for bits 16).  The 4 codes of a
+ * token are one store of bits / 2 bytes (2-bit: a byte; neighbouring items fill a row). */
+static inline __attribute__((always_inline)) uint32_t kivi_k4_item(unsigned char *codes, size_t rb, uint16_t *sc,
+                                                                 uint16_t *zr, int bits, int G, int c0, int64_t p0,
+                                                                 int64_t L, const uint16_t *ring, int R, int D,
+                                                                 const uint16_t *src, int bf, int64_t src_tok, int H,
+                                                                 int h, int keep) {
+  /* token p0 + t: ring row (p0 mod R) + t for t < nring, else source row src_tok + (p0 - L) + t */
+  const int nring = keep || L <= p0 ? 0 : (int)(L - p0 < G ? L - p0 : G); /* keep: callers ensure none */
+  const uint16_t *rrow = ring + (size_t)((int)(p0 % R)) * D + c0;
+  const uint16_t *srow = nring < G ? src + ((size_t)(src_tok + (p0 + nring - L)) * H + h) * D + c0 : src; /* token nring */
+  const size_t sstep = (size_t)H * D;
+  uint32_t bad = 0;
+  float mn[4], mx[4];
+  for (int j = 0; j < 4; ++j) { mn[j] = INFINITY; mx[j] = -INFINITY; }
+  kivi_u32x2 x[KIVI_QBLK];
+  const int blk = keep ? KIVI_QBLK : 8; /* tokens per block: the group, or 8 read twice */
+#define KIVI_K4_LOAD(t) kivi_k4_load(rrow, srow, t, nring, D, sstep, bf)
+  if (bits == 16) { /* unquantized: the fp16 values themselves, in one pass */
+    for (int b0 = 0; b0 < G; b0 += blk) {
+      KIVI_UNROLL32
+      for (int t = 0; t < blk; ++t) { /* the loads first: a store may alias a later load */
+        x[t] = KIVI_K4_LOAD(b0 + t);
+        bad |= kivi_f16x2_nonfinite(x[t].w[0]) | kivi_f16x2_nonfinite(x[t].w[1]);
+      }
+      KIVI_UNROLL32
+      for (int t = 0; t < blk; ++t) *(kivi_u32x2 *)(codes + (size_t)(b0 + t) * rb) = x[t];
+    }
+    return bad;
+  }
+  for (int b0 = 0; b0 < G; b0 += blk) {
+    KIVI_UNROLL32
+    for (int t = 0; t < blk; ++t) {
+      x[t] = KIVI_K4_LOAD(b0 + t);
+      bad |= kivi_f16x2_nonfinite(x[t].w[0]) | kivi_f16x2_nonfinite(x[t].w[1]);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t w = x[t].w[j >> 1];
+        const float f = j & 1 ? kivi_f16x2_hi(w) : kivi_f16x2_lo(w);
+        mn[j] = fminf(mn[j], f);
+        mx[j] = fmaxf(mx[j], f);
+      }
+    }
+  }
+  const float maxq = (float)((1u << bits) - 1u);
+  float s[4], z[4], rs[4];
+  uint16_t hs[4], hz[4];
+  for (int j = 0; j < 4; ++j) {
+    kivi_group_params(mn[j], mx[j], bits, &hs[j], &hz[j]);
+    s[j] = kivi_f16_to_f32(hs[j]);
+    z[j] = kivi_f16_to_f32(hz[j]);
+    rs[j] = kivi_quant_rs(s[j]);
+  }
+  kivi_u32x2 ps, pz;
+  ps.w[0] = (uint32_t)hs[0] | (uint32_t)hs[1] << 16;
+  ps.w[1] = (uint32_t)hs[2] | (uint32_t)hs[3] << 16;
+  pz.w[0] = (uint32_t)hz[0] | (uint32_t)hz[1] << 16;
+  pz.w[1] = (uint32_t)hz[2] | (uint32_t)hz[3] << 16;
+  *(kivi_u32x2 *)sc = ps;
+  *(kivi_u32x2 *)zr = pz;
+  for (int b0 = 0; b0 < G; b0 += blk) {
+    uint32_t fix = 0; /* tokens of the block with a code the division decides */
+    KIVI_UNROLL32
+    for (int t = 0; t < blk; ++t) {
+      if (!keep) x[t] = KIVI_K4_LOAD(b0 + t);
+      KIVI_OPAQUE(x[t].w[0]);
+      KIVI_OPAQUE(x[t].w[1]);
+      uint32_t w = 0;
+      float dev = 0.0f;
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t hw = x[t].w[j >> 1];
+        const float f = j & 1 ? kivi_f16x2_hi(hw) : kivi_f16x2_lo(hw);
+        w |= kivi_quant_code_mul(f, rs[j], z[j], maxq, &dev) << (bits * j);
+      }
+      fix |= (uint32_t)(dev > KIVI_QUANT_NEAR) << t;
+      kivi_k4_store(codes + (size_t)(b0 + t) * rb, w, bits);
+    }
+    while (fix) { /* their 4 codes again, by the division */
+      const int t = __builtin_ctz(fix);
+      fix &= fix - 1u;
+      const kivi_u32x2 v = KIVI_K4_LOAD(b0 + t);
+      uint32_t w = 0;
+      for (int j = 0; j < 4; ++j) {
+        const float f = j & 1 ? kivi_f16x2_hi(v.w[j >> 1]) : kivi_f16x2_lo(v.w[j >> 1]);
+        w |= kivi_quant_code(f, s[j], z[j], maxq) << (bits * j);
+      }
+      kivi_k4_store(codes + (size_t)(b0 + t) * rb, w, bits);
+    }
+  }
+#undef KIVI_K4_LOAD
+  return bad;
+}
+
+/* V item of the larger appends: channel group cg (G channels) of the token row x (16-byte
+ * aligned; bf: bf16), stored in the token's code row codes and {scale, zero} array sz, bits
+ * constant at each call. */
+static inline __attribute__((always_inline)) uint32_t kivi_v32_item(uint32_t *codes, uint16_t *sz, int bits, int G,
+                                                                  int keep, int cg, const uint16_t *x, int bf) {
+  x += (size_t)cg * G;
+  uint32_t bad = 0;
+  float mn = INFINITY, mx = -INFINITY;
+  uint32_t w[KIVI_QBLK / 2];
+#define KIVI_V32_LOAD(b0)                                                                                        \
+  for (int q = 0; q < KIVI_QBLK / 8; ++q) {                                                                      \
+    const kivi_u32x4 v = *(const kivi_u32x4 *)(x + (b0) + 8 * q);                                                \
+    for (int e = 0; e < 4; ++e) w[4 * q + e] = bf ? kivi_bf16x2_to_f16x2(v.w[e]) : v.w[e];                      \
+  }
+  if (bits == 16) { /* unquantized: the fp16 values themselves, in one pass */
+    for (int b0 = 0; b0 < G; b0 += KIVI_QBLK) {
+      KIVI_V32_LOAD(b0)
+      for (int i = 0; i < KIVI_QBLK / 2; ++i) bad |= kivi_f16x2_nonfinite(w[i]);
+      for (int q = 0; q < KIVI_QBLK / 8; ++q)
+        *(kivi_u32x4 *)(codes + ((size_t)cg * G + b0) / 2 + 4 * q) = *(const kivi_u32x4 *)(w + 4 * q);
+    }
+    return bad;
+  }
+  for (int b0 = 0; b0 < G; b0 += KIVI_QBLK) {
+    KIVI_V32_LOAD(b0)
+    for (int i = 0; i < KIVI_QBLK / 2; ++i) {
+      bad |= kivi_f16x2_nonfinite(w[i]);
+      const float a = kivi_f16x2_lo(w[i]), b = kivi_f16x2_hi(w[i]);
+      mn = fminf(mn, fminf(a, b));
+      mx = fmaxf(mx, fmaxf(a, b));
+    }
+  }
+  uint16_t hs, hz;
+  kivi_group_params(mn, mx, bits, &hs, &hz);
+  *(uint32_t *)(sz + 2 * cg) = (uint32_t)hs | (uint32_t)hz << 16;
+  const float s = kivi_f16_to_f32(hs), z = kivi_f16_to_f32(hz), rs = kivi_quant_rs(s);
+  const float maxq = (float)((1u << bits) - 1u);
+  const int cpw = 32 / bits; /* codes per word */
+  for (int b0 = 0; b0 < G; b0 += KIVI_QBLK) {
+    if (!keep) { KIVI_V32_LOAD(b0) }
+    uint32_t cw[KIVI_QBLK / 2]; /* the block's code words: 2-bit 2, 4-bit 4, 8-bit 8 */
+    for (int i = 0; i < KIVI_QBLK * bits / 32; ++i) cw[i] = 0;
+    uint32_t fix = 0; /* channels of the block with a code the division decides */
+    KIVI_UNROLL32
+    for (int c = 0; c < KIVI_QBLK; ++c) {
+      const float f = c & 1 ? kivi_f16x2_hi(w[c / 2]) : kivi_f16x2_lo(w[c / 2]);
+      float dev = 0.0f;
+      cw[c / cpw] |= kivi_quant_code_mul(f, rs, z, maxq, &dev) << (bits * (c % cpw));
+      fix |= (uint32_t)(dev > KIVI_QUANT_NEAR) << c;
+    }
+    uint32_t *dst = codes + ((size_t)cg * G + b0) / cpw;
+    if (bits == 2) *(kivi_u32x2 *)dst = *(const kivi_u32x2 *)cw;
+    else
+      for (int q = 0; q < bits / 4; ++q) *(kivi_u32x4 *)(dst + 4 * q) = *(const kivi_u32x4 *)(cw + 4 * q);
+    while (fix) { /* their codes again, by the division, patched into the stored words */
+      const int c = __builtin_ctz(fix);
+      fix &= fix - 1u;
+      const uint16_t h = x[b0 + c];
+      const float f = kivi_f16_to_f32(bf ? kivi_f32_to_f16(kivi_bf16_to_f32(h)) : h);
+      const int sh = bits * (c % cpw);
+      dst[c / cpw] = (dst[c / cpw] & ~((uint32_t)maxq << sh)) | kivi_quant_code(f, s, z, maxq) << sh;
+    }
+  }
+#undef KIVI_V32_LOAD
+  return bad;
 }
 
 /* Exponent bounds of V scales and zeros (the GPU f16x2 kernel's ranges): -14 is no bound (fp16
@@ -223,21 +399,65 @@ static inline void kivi_vexp_raise(int32_t *vexp2, const int e2[2]) {
   }
 }
 
-/* V item: channel group cg of the token row x that leaves the window, stored at slot t of the
- * kv-head's sub-block sb (wide: see kivi_quant_v_item).  Returns the stored {scale, zero} pair
+/* The one-kernel append's V item: channel group cg of the token row x that leaves the window,
+ * stored at slot t of the kv-head's sub-block sb.  Returns the stored {scale, zero} pair
  * (the caller raises the V exponent bounds with it; unquantized values have none: NULL). */
 static inline const uint16_t *kivi_append_v_item(unsigned char *sb, const kivi_layout *lay, int cg, int t,
-                                                 const uint16_t *x, int wide) {
+                                                 const uint16_t *x) {
   const int G = lay->G, vgrp = lay->D / lay->G;
   uint16_t *sz = (uint16_t *)(sb + lay->vsz_off) + (size_t)t * 2 * vgrp;
   uint32_t *vc = (uint32_t *)(sb + lay->vcode_off) + (size_t)t * lay->vw;
   switch (lay->vb) {
-  case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x, wide); break;
-  case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x, wide); break;
-  case 8: kivi_quant_v_item(vc, sz, 8, G, cg, x, wide); break;
-  default: kivi_quant_v_item(vc, sz, 16, G, cg, x, wide); return NULL;
+  case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x); break;
+  case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x); break;
+  case 8: kivi_quant_v_item(vc, sz, 8, G, cg, x); break;
+  default: kivi_quant_v_item(vc, sz, 16, G, cg, x); return NULL;
   }
   return sz + 2 * cg;
+}
+
+/* Kernel 2a's item: token group g, channels 4 c4 .. 4 c4 + 3 of the kv-head's sub-block sb (the
+ * group's first position p0), tokens from the ring (before L) or src (kivi_k4_item); returns
+ * the non-finite marks of the values read.  G = 32 is its own instance (the group in
+ * registers). */
+static inline __attribute__((always_inline)) uint32_t kivi_append_k4(unsigned char *sb, const kivi_layout *lay, int g, int c4, int64_t p0, int64_t L,
+                                      const uint16_t *ring, const uint16_t *src, int bf, int64_t st0, int h) {
+  const int G = lay->G, D = lay->D, R = lay->R, H = lay->H, c0 = 4 * c4;
+  const size_t rb = (size_t)lay->kw * 4;
+  unsigned char *codes = sb + (size_t)g * G * rb + (size_t)c0 * lay->kb / 8;
+  uint16_t *sc = (uint16_t *)(sb + lay->ksz_off) + (size_t)g * 2 * D + c0;
+#define KIVI_K4(b, gg, keep, bf) kivi_k4_item(codes, rb, sc, sc + D, b, gg, c0, p0, L, ring, R, D, src, bf, st0, H, h, keep)
+  /* a group of 32 new tokens (none in the ring: the common case of a prefill) is held in
+   * registers, in instances per bits and per source type; any other group is read twice */
+  const int keep = G == KIVI_QBLK && p0 >= L;
+  switch (lay->kb) {
+  case 2: return keep ? (bf ? KIVI_K4(2, KIVI_QBLK, 1, 1) : KIVI_K4(2, KIVI_QBLK, 1, 0)) : KIVI_K4(2, G, 0, bf);
+  case 4: return keep ? (bf ? KIVI_K4(4, KIVI_QBLK, 1, 1) : KIVI_K4(4, KIVI_QBLK, 1, 0)) : KIVI_K4(4, G, 0, bf);
+  case 8: return keep ? KIVI_K4(8, KIVI_QBLK, 1, bf) : KIVI_K4(8, G, 0, bf);
+  default: return keep ? KIVI_K4(16, KIVI_QBLK, 1, bf) : KIVI_K4(16, G, 0, bf);
+  }
+#undef KIVI_K4
+}
+
+/* Kernel 2b's item: channel group cg of the token row x (bf: bf16) stored at slot t of the
+ * kv-head's sub-block sb; raises e2 to the stored {scale, zero} pair's exponent bounds and
+ * returns the non-finite marks of the values read. */
+static inline __attribute__((always_inline)) uint32_t kivi_append_v32(unsigned char *sb, const kivi_layout *lay, int cg, int t, const uint16_t *x,
+                                       int bf, int e2[2]) {
+  const int G = lay->G;
+  uint16_t *sz = (uint16_t *)(sb + lay->vsz_off) + (size_t)t * 2 * (lay->D / G);
+  uint32_t *vc = (uint32_t *)(sb + lay->vcode_off) + (size_t)t * lay->vw;
+  uint32_t bad;
+#define KIVI_V32(b, gg, keep) kivi_v32_item(vc, sz, b, gg, keep, cg, x, bf)
+  switch (lay->vb) {
+  case 2: bad = G == KIVI_QBLK ? KIVI_V32(2, KIVI_QBLK, 1) : KIVI_V32(2, G, 0); break;
+  case 4: bad = G == KIVI_QBLK ? KIVI_V32(4, KIVI_QBLK, 1) : KIVI_V32(4, G, 0); break;
+  case 8: bad = G == KIVI_QBLK ? KIVI_V32(8, KIVI_QBLK, 1) : KIVI_V32(8, G, 0); break;
+  default: return KIVI_V32(16, G, 0);
+  }
+#undef KIVI_V32
+  kivi_vexp_fold(e2, sz + 2 * cg);
+  return bad;
 }
 
 /* Index i of the sequence whose prefix range [pre[i], pre[i+1]) holds item x (n sequences). */

@@ -337,6 +337,88 @@ START_TEST(device_inputs_small_calls) {
 }
 END_TEST
 
+/* 16-bit inputs in device memory: on a GPU the larger appends read them directly and check
+ * them as they quantize (kernels 2a and 2b), only the tokens left in the windows go through the
+ * stage.  For both dtypes, groups held in registers (32) or read twice (64, 128), 8-bit and
+ * unquantized tensors, and a call whose key groups start in the window of earlier tokens:
+ * - the bytes equal those of the same values from host memory;
+ * - a non-finite value where only one kernel sees it (a key of a completed block, a value that
+ *   leaves the window, a token that stays in the windows, the second sequence) fails the call
+ *   and changes nothing: not the bytes, not the next decode's result (which would move if the
+ *   failed call had raised the V exponent bounds: its values are 1000x larger);
+ * - the same call with the value mended then works. */
+static uint16_t to16(float x, kivi_dtype dt) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return dt == KIVI_BF16 ? (uint16_t)(u >> 16) : ref_f16(x);
+}
+
+START_TEST(device_inputs_16bit) {
+  static const int cfgs[][4] = {{2, 4, 32, 64}, {4, 2, 64, 128}, {8, 16, 32, 32}, {16, 8, 128, 128}}; /* kb vb G R */
+  enum { H = 2, D = 128, S = 2, N0 = 333, N1 = 200, M0 = 300, M1 = 10 };
+  const size_t st = (size_t)H * D, ne = (size_t)(N0 + N1) * st, me = (size_t)(M0 + M1) * st;
+  const int ids[S] = {0, 1}, pre[S] = {45, 100}, big[S] = {N0, N1}, more[S] = {M0, M1};
+  float *k = tu_random(ne, 31, 2.0f), *v = tu_random(ne, 32, 2.0f);
+  float *k2 = tu_random(me, 33, 2.0f), *v2 = tu_random(me, 34, 2000.0f), *q = tu_random((size_t)S * H * D, 35, 1.0f);
+  for (size_t i = 0; i < ne; ++i) { /* values exact in fp16 and bf16 */
+    uint32_t u;
+    memcpy(&u, &k[i], 4); u &= 0xfffe0000u; memcpy(&k[i], &u, 4);
+    memcpy(&u, &v[i], 4); u &= 0xfffe0000u; memcpy(&v[i], &u, 4);
+  }
+  for (size_t i = 0; i < me; ++i) {
+    uint32_t u;
+    memcpy(&u, &k2[i], 4); u &= 0xfffe0000u; memcpy(&k2[i], &u, 4);
+    memcpy(&u, &v2[i], 4); u &= 0xfffe0000u; memcpy(&v2[i], &u, 4);
+  }
+  uint16_t *h16 = malloc(2 * (ne + me) * 2);
+  void *dbuf = NULL;
+  ck_assert_int_eq(kivi_context_alloc(ctx, 2 * (ne + me) * 2, &dbuf), KIVI_OK);
+  uint16_t *dk = dbuf, *dv = dk + ne, *dk2 = dv + ne, *dv2 = dk2 + me;
+  /* bad places, as (tensor: 0 K / 1 V, element of the second call's input) */
+  const size_t last0 = (size_t)(M0 - 1) * st, seq1 = (size_t)M0 * st;
+  const size_t places[][2] = {{0, 5}, {1, 5 * st + 7}, {0, last0 + st - 1}, {1, last0 + 130}, {0, seq1 + 3 * st + 64}};
+  const uint16_t bad16[][3] = {{0x7c00u, 0xfe00u, 0x7c00u}, {0x7f80u, 0xffc0u, 0x4974u}}; /* Inf, NaN, 1e6 (bf16) */
+  for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ++ci)
+    for (int di = 0; di < 2; ++di) {
+      const kivi_dtype dt = di ? KIVI_BF16 : KIVI_F16;
+      const int *cf = cfgs[ci];
+      kivi_cache *ch = make(1, H, D, S, 1024, cf[0], cf[1], cf[2], cf[3]), *cd = make(1, H, D, S, 1024, cf[0], cf[1], cf[2], cf[3]);
+      ck_assert_int_eq(kivi_cache_append(ch, 0, S, ids, pre, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append(cd, 0, S, ids, pre, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+      for (size_t i = 0; i < ne; ++i) { h16[i] = to16(k[i], dt); h16[ne + i] = to16(v[i], dt); }
+      for (size_t i = 0; i < me; ++i) { h16[2 * ne + i] = to16(k2[i], dt); h16[2 * ne + me + i] = to16(v2[i], dt); }
+      ck_assert_int_eq(kivi_context_upload(ctx, dbuf, h16, 2 * (ne + me) * 2), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append(ch, 0, S, ids, big, h16, h16 + ne, dt, KIVI_MEM_HOST), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append(cd, 0, S, ids, big, dk, dv, dt, KIVI_MEM_DEVICE), KIVI_OK);
+      const snapshot a = snap(ch), b = snap(cd);
+      same(&a, &b);
+      float o0[S * H * D], o1[S * H * D];
+      ck_assert_int_eq(kivi_attention_decode(cd, 0, S, ids, H, q, 0.125f, o0, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+      for (size_t pi = 0; pi < sizeof places / sizeof places[0]; ++pi) {
+        const uint16_t bv = bad16[di][pi % 3];
+        uint16_t *dst = (places[pi][0] ? dv2 : dk2) + places[pi][1];
+        ck_assert_int_eq(kivi_context_upload(ctx, dst, &bv, 2), KIVI_OK);
+        ck_assert_int_eq(kivi_cache_append(cd, 0, S, ids, more, dk2, dv2, dt, KIVI_MEM_DEVICE), KIVI_ERR_NONFINITE);
+        const snapshot c2 = snap(cd);
+        same(&b, &c2);
+        free(c2.bytes);
+        ck_assert_int_eq(kivi_attention_decode(cd, 0, S, ids, H, q, 0.125f, o1, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+        ck_assert_int_eq(memcmp(o0, o1, sizeof o0), 0);
+        const uint16_t *good = h16 + 2 * ne + (places[pi][0] ? me : 0) + places[pi][1];
+        ck_assert_int_eq(kivi_context_upload(ctx, dst, good, 2), KIVI_OK);
+      }
+      ck_assert_int_eq(kivi_cache_append(ch, 0, S, ids, more, h16 + 2 * ne, h16 + 2 * ne + me, dt, KIVI_MEM_HOST), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append(cd, 0, S, ids, more, dk2, dv2, dt, KIVI_MEM_DEVICE), KIVI_OK);
+      const snapshot d2 = snap(ch), e2 = snap(cd);
+      same(&d2, &e2);
+      free(a.bytes); free(b.bytes); free(d2.bytes); free(e2.bytes);
+      kivi_cache_destroy(ch); kivi_cache_destroy(cd);
+    }
+  kivi_context_free(ctx, dbuf);
+  free(h16); free(k); free(v); free(k2); free(v2); free(q);
+}
+END_TEST
+
 /* Layers are independent: appending to layer 1 leaves layer 0 empty and vice versa. */
 START_TEST(layers_independent) {
   enum { H = 1, D = 32, N = 70 };
@@ -367,6 +449,7 @@ int main(void) {
   tcase_add_test(tc, accounting);
   tcase_add_test(tc, dtypes_and_device_pointers);
   tcase_add_test(tc, device_inputs_small_calls);
+  tcase_add_test(tc, device_inputs_16bit);
   tcase_add_test(tc, layers_independent);
   suite_add_tcase(s, tc);
   return tu_run(s);
