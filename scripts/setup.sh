@@ -2,12 +2,13 @@
 # Installs what libkivi-omp needs to build and test on Debian/Ubuntu (as root, or through sudo
 # when run by another user):
 # autotools, Check, gcc, clang-19 + clang-tools-19 (clang-offload-packager, clang-linker-wrapper)
-# + libomp-19-dev for the GPU-offloading build, Open MPI for the
+# + libomp-19-dev for the GPU-offloading build, libclang-rt-19-dev (libFuzzer and the sanitizer
+# runtimes of clang-19, for `make fuzz`), Open MPI for the
 # MPI example, python3 + NumPy + pip for the model fetch script and the model's reference check.
 # The CUDA toolkit (for offload) is not installed here: configure finds it in /usr/local/cuda.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
-pkgs="build-essential autoconf automake libtool pkg-config check zlib1g-dev clang-19 clang-tools-19 libomp-19-dev
+pkgs="build-essential autoconf automake libtool pkg-config check zlib1g-dev clang-19 clang-tools-19 libomp-19-dev libclang-rt-19-dev
       libopenmpi-dev openmpi-bin python3 python3-pip python3-numpy"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
