@@ -329,7 +329,8 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
 
   /* One host image per call, [descriptor | block-table updates | raw K | raw V], copied in with
    * the first kernel's launch (host inputs are copied into it: one transfer instead of
-   * several).  Device stage: [descriptor copy | fp16 K | fp16 V]. */
+   * several).  Device stage: [descriptor copy | fp16 K | fp16 V | V bounds]: kernel 1 fills the
+   * fp16 K and V of all new tokens, or with a direct input (cache_append.inc) of the window's. */
   const size_t nel = (size_t)total * H * D, esz = dtype_size(dtype);
   const size_t n_desc = (size_t)D_NCOLS * n_seqs, n_bt = (size_t)need_blocks;
   const size_t head = ((n_desc + 2 * n_bt) * 8 + 15) & ~(size_t)15;

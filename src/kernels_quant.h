@@ -40,8 +40,9 @@ typedef struct kivi_f16x8 {
 } __attribute__((aligned(16))) kivi_f16x8;
 static inline kivi_f16x8 kivi_ld8(const uint16_t *p) { return *(const kivi_f16x8 *)p; }
 
-/* The fp16 row (head_dim values) of token position p for one kv-head: positions before L come
- * from the residual ring (slot p mod R), later ones from the staged new tokens. */
+/* The row (head_dim values) of token position p for one kv-head: positions before L come from
+ * the residual ring (slot p mod R), later ones from the new tokens ([token][H][D] from stage_tok:
+ * the stage, or a 16-bit input the larger appends read directly). */
 static inline const uint16_t *kivi_src_row(int64_t p, int64_t L, const uint16_t *ring, int R, int D,
                                            const uint16_t *stage, int64_t stage_tok, int H, int h) {
   return p < L ? ring + (size_t)((int)p % R) * D /* positions fit in int: 32-bit remainder */
