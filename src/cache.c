@@ -207,7 +207,7 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 /* Element j of an input array of type dt, as fp16 (NaN/Inf/out of range become Inf or NaN). */
 static inline uint16_t kivi_in_f16(const void *src, int64_t j, int dt) {
   if (dt == KIVI_F32) return kivi_f32_to_f16(((const float *)src)[j]);
-  if (dt == KIVI_BF16) return kivi_f32_to_f16(kivi_bf16_to_f32(((const uint16_t *)src)[j]));
+  if (dt == KIVI_BF16) return kivi_bf16_to_f16(((const uint16_t *)src)[j]);
   return ((const uint16_t *)src)[j];
 }
 
@@ -229,7 +229,7 @@ static inline int kivi_in_f16x8(const void *src, int64_t j, int dt, int vec, uin
   } else if (vec) {
     h = kivi_ld8((const uint16_t *)src + j);
     if (dt == KIVI_BF16)
-      for (int e = 0; e < 8; ++e) h.v[e] = kivi_f32_to_f16(kivi_bf16_to_f32(h.v[e]));
+      for (int e = 0; e < 8; ++e) h.v[e] = kivi_bf16_to_f16(h.v[e]);
   } else {
     for (int e = 0; e < 8; ++e) h.v[e] = kivi_in_f16(src, j + e, dt);
   }

@@ -53,6 +53,8 @@ static inline uint16_t kivi_f32_to_f16(float f) {
 #endif
 
 static inline float kivi_bf16_to_f32(uint16_t b) { return kivi_bits_f32((uint32_t)b << 16); }
+/* A bf16 value rounded to fp16 (out of range: Inf). */
+static inline uint16_t kivi_bf16_to_f16(uint16_t b) { return kivi_f32_to_f16(kivi_bf16_to_f32(b)); }
 
 /* The smallest e with 2^e > |h| for a finite fp16 value h (subnormals: -14). */
 static inline int kivi_f16_exp_bound(uint16_t h) {

@@ -168,8 +168,7 @@ typedef struct kivi_u32x4 {
 
 /* A bf16 pair rounded to an fp16 pair. */
 static inline uint32_t kivi_bf16x2_to_f16x2(uint32_t w) {
-  return (uint32_t)kivi_f32_to_f16(kivi_bf16_to_f32((uint16_t)w)) |
-         (uint32_t)kivi_f32_to_f16(kivi_bf16_to_f32((uint16_t)(w >> 16))) << 16;
+  return (uint32_t)kivi_bf16_to_f16((uint16_t)w) | (uint32_t)kivi_bf16_to_f16((uint16_t)(w >> 16)) << 16;
 }
 /* Nonzero if a half of the fp16 pair w is not finite: an all-ones exponent carries into the
  * half's sign bit when 1 is added to it (the low half cannot carry into the high one). */
@@ -179,8 +178,9 @@ static inline float kivi_f16x2_hi(uint32_t w) { return kivi_f16_to_f32((uint16_t
 
 /* The code by a multiplication, for x >= zero (the group's minimum) and rs = 1 / scale (0 for a
  * zero scale: code 0, as the division's): r = (x - zero) rs rounded to the nearest integer,
- * clamped to maxq.  r is within 2^-12 of the quotient (|quotient| <= 1.5 maxq < 2^9, the 1.5 for subnormal scales), so where it
- * is more than KIVI_QUANT_EPS from a half-integer the code is the division's.  *dev rises to
+ * clamped to maxq.  r is within 2^-12 of the quotient (|quotient| <= 1.5 maxq < 2^9, the 1.5
+ * for subnormal scales), so where it is more than KIVI_QUANT_EPS from a half-integer the code
+ * is the division's.  *dev rises to
  * |r - rint(r)|: where it ends above KIVI_QUANT_NEAR the caller takes kivi_quant_code (rare:
  * the items redo those values after their loop, where a test per value would make the
  * compiler compute every division). */
@@ -198,7 +198,7 @@ static inline float kivi_quant_rs(float scale) { return scale > 0.0f ? 1.0f / sc
 static inline __attribute__((always_inline)) kivi_u32x2 kivi_k4_load(const uint16_t *rrow, const uint16_t *srow,
                                                                      int t, int nring, int D, size_t sstep, int bf) {
   const int from_src = t >= nring;
-  const uint16_t *p = from_src ? srow + (size_t)(t - nring) * sstep : rrow + (size_t)(from_src ? 0 : t) * D;
+  const uint16_t *p = from_src ? srow + (size_t)(t - nring) * sstep : rrow + (size_t)t * D;
   kivi_u32x2 v = *(const kivi_u32x2 *)p;
   if (bf) {
     const uint32_t a = kivi_bf16x2_to_f16x2(v.w[0]), b = kivi_bf16x2_to_f16x2(v.w[1]);
@@ -229,7 +229,8 @@ static inline __attribute__((always_inline)) uint32_t kivi_k4_item(unsigned char
   /* token p0 + t: ring row (p0 mod R) + t for t < nring, else source row src_tok + (p0 - L) + t */
   const int nring = keep || L <= p0 ? 0 : (int)(L - p0 < G ? L - p0 : G); /* keep: callers ensure none */
   const uint16_t *rrow = ring + (size_t)((int)(p0 % R)) * D + c0;
-  const uint16_t *srow = nring < G ? src + ((size_t)(src_tok + (p0 + nring - L)) * H + h) * D + c0 : src; /* token nring */
+  const uint16_t *srow = /* token nring */
+      nring < G ? src + ((size_t)(src_tok + (p0 + nring - L)) * H + h) * D + c0 : src;
   const size_t sstep = (size_t)H * D;
   uint32_t bad = 0;
   float mn[4], mx[4];
@@ -369,7 +370,7 @@ static inline __attribute__((always_inline)) uint32_t kivi_v32_item(uint32_t *co
       const int c = __builtin_ctz(fix);
       fix &= fix - 1u;
       const uint16_t h = x[b0 + c];
-      const float f = kivi_f16_to_f32(bf ? kivi_f32_to_f16(kivi_bf16_to_f32(h)) : h);
+      const float f = kivi_f16_to_f32(bf ? kivi_bf16_to_f16(h) : h);
       const int sh = bits * (c % cpw);
       dst[c / cpw] = (dst[c / cpw] & ~((uint32_t)maxq << sh)) | kivi_quant_code(f, s, z, maxq) << sh;
     }
@@ -421,13 +422,16 @@ static inline const uint16_t *kivi_append_v_item(unsigned char *sb, const kivi_l
  * group's first position p0), tokens from the ring (before L) or src (kivi_k4_item); returns
  * the non-finite marks of the values read.  G = 32 is its own instance (the group in
  * registers). */
-static inline __attribute__((always_inline)) uint32_t kivi_append_k4(unsigned char *sb, const kivi_layout *lay, int g, int c4, int64_t p0, int64_t L,
-                                      const uint16_t *ring, const uint16_t *src, int bf, int64_t st0, int h) {
+static inline __attribute__((always_inline)) uint32_t kivi_append_k4(unsigned char *sb, const kivi_layout *lay, int g,
+                                                                     int c4, int64_t p0, int64_t L,
+                                                                     const uint16_t *ring, const uint16_t *src, int bf,
+                                                                     int64_t st0, int h) {
   const int G = lay->G, D = lay->D, R = lay->R, H = lay->H, c0 = 4 * c4;
   const size_t rb = (size_t)lay->kw * 4;
   unsigned char *codes = sb + (size_t)g * G * rb + (size_t)c0 * lay->kb / 8;
   uint16_t *sc = (uint16_t *)(sb + lay->ksz_off) + (size_t)g * 2 * D + c0;
-#define KIVI_K4(b, gg, keep, bf) kivi_k4_item(codes, rb, sc, sc + D, b, gg, c0, p0, L, ring, R, D, src, bf, st0, H, h, keep)
+#define KIVI_K4(b, gg, keep, bf)                                                                                 \
+  kivi_k4_item(codes, rb, sc, sc + D, b, gg, c0, p0, L, ring, R, D, src, bf, st0, H, h, keep)
   /* a group of 32 new tokens (none in the ring: the common case of a prefill) is held in
    * registers, in instances per bits and per source type; any other group is read twice */
   const int keep = G == KIVI_QBLK && p0 >= L;
@@ -443,8 +447,9 @@ static inline __attribute__((always_inline)) uint32_t kivi_append_k4(unsigned ch
 /* Kernel 2b's item: channel group cg of the token row x (bf: bf16) stored at slot t of the
  * kv-head's sub-block sb; raises e2 to the stored {scale, zero} pair's exponent bounds and
  * returns the non-finite marks of the values read. */
-static inline __attribute__((always_inline)) uint32_t kivi_append_v32(unsigned char *sb, const kivi_layout *lay, int cg, int t, const uint16_t *x,
-                                       int bf, int e2[2]) {
+static inline __attribute__((always_inline)) uint32_t kivi_append_v32(unsigned char *sb, const kivi_layout *lay,
+                                                                      int cg, int t, const uint16_t *x, int bf,
+                                                                      int e2[2]) {
   const int G = lay->G;
   uint16_t *sz = (uint16_t *)(sb + lay->vsz_off) + (size_t)t * 2 * (lay->D / G);
   uint32_t *vc = (uint32_t *)(sb + lay->vcode_off) + (size_t)t * lay->vw;

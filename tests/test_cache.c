@@ -382,7 +382,8 @@ START_TEST(device_inputs_16bit) {
     for (int di = 0; di < 2; ++di) {
       const kivi_dtype dt = di ? KIVI_BF16 : KIVI_F16;
       const int *cf = cfgs[ci];
-      kivi_cache *ch = make(1, H, D, S, 1024, cf[0], cf[1], cf[2], cf[3]), *cd = make(1, H, D, S, 1024, cf[0], cf[1], cf[2], cf[3]);
+      kivi_cache *ch = make(1, H, D, S, 1024, cf[0], cf[1], cf[2], cf[3]);
+      kivi_cache *cd = make(1, H, D, S, 1024, cf[0], cf[1], cf[2], cf[3]);
       ck_assert_int_eq(kivi_cache_append(ch, 0, S, ids, pre, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
       ck_assert_int_eq(kivi_cache_append(cd, 0, S, ids, pre, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
       for (size_t i = 0; i < ne; ++i) { h16[i] = to16(k[i], dt); h16[ne + i] = to16(v[i], dt); }
@@ -407,7 +408,8 @@ START_TEST(device_inputs_16bit) {
         const uint16_t *good = h16 + 2 * ne + (places[pi][0] ? me : 0) + places[pi][1];
         ck_assert_int_eq(kivi_context_upload(ctx, dst, good, 2), KIVI_OK);
       }
-      ck_assert_int_eq(kivi_cache_append(ch, 0, S, ids, more, h16 + 2 * ne, h16 + 2 * ne + me, dt, KIVI_MEM_HOST), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append(ch, 0, S, ids, more, h16 + 2 * ne, h16 + 2 * ne + me, dt, KIVI_MEM_HOST),
+                       KIVI_OK);
       ck_assert_int_eq(kivi_cache_append(cd, 0, S, ids, more, dk2, dv2, dt, KIVI_MEM_DEVICE), KIVI_OK);
       const snapshot d2 = snap(ch), e2 = snap(cd);
       same(&d2, &e2);

@@ -64,10 +64,10 @@ END_TEST
 
 /* The library's quantizer for the larger appends (kivi_quant_code_mul: a multiplication by
  * 1 / scale, the division only near a rounding boundary, as the items do it) against the
- * reference's division (tests/ref), for groups as the library makes them (zero = the group's min, scale = fp16((max - min) / maxq)): the values
- * at and next to each code boundary of random groups of every magnitude, and every fp16 value
- * of small groups.  Mismatches are counted and asserted once (a Check assertion per value
- * would dominate the run time). */
+ * reference's division (tests/ref), for groups as the library makes them (zero = the group's
+ * min, scale = fp16((max - min) / maxq)): the values at and next to each code boundary of
+ * random groups of every magnitude, and every fp16 value of small groups.  Mismatches are
+ * counted and asserted once (a Check assertion per value would dominate the run time). */
 static long quant_mismatches(float mn, float s, int bits, float x) {
   const float maxq = (float)((1 << bits) - 1);
   float dev = 0.0f;
