@@ -219,7 +219,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
    * and where the tail block's tokens, at most fs + R + 31, fit the kernel's logits */
   int nf = (int)((maxbeg + fs - 1) / fs);
   const int64_t nb = (int64_t)rows * HQ, W = KIVI_FAST_WAVE;
-  const int fold = fast && decode && !gqa && nf > 0 && fs + R + KIVI_FAST_GRAIN <= KIVI_FAST_SPLIT &&
+  const int fold = fast && decode && !gqa && nf > 0 && fs + R + KIVI_FAST_GRAIN <= KIVI_FAST_LOGITS &&
                    (nb * (nf + 1) + W - 1) / W > (nb * nf + W - 1) / W;
   if (fold) {
     --nf;

@@ -44,10 +44,14 @@
 #define FVR 8   /* V tokens per f16 run */
 #define FTU 4   /* fp16 key rounds of 4 tokens per warp in flight (tail block) */
 #define FD 128
+/* f16x2 words a lane's dot products of a K group are summed to in f16 before fp32: 2 words,
+ * 4 sums of 32 products (H200, PERF.md session 12: 1 word was no faster, 8 cost 6 %) */
+#define FKWORDS 2
 _Static_assert(KIVI_FAST_GRAIN == 32, "the kernel handles any whole number of 32-token groups");
 _Static_assert(KIVI_FAST_SPLIT / 32 % (FNW * 4) == 0, "whole K rounds per warp in a full split (FKU <= 4)");
 _Static_assert(KIVI_FAST_SPLIT / FNW % (8 * FVR) == 0, "whole V runs per lane in a full split");
-_Static_assert(KIVI_MAX_RESIDUAL + KIVI_FAST_GRAIN <= KIVI_FAST_SPLIT, "a tail block's logits fit in s_p");
+_Static_assert(KIVI_MAX_RESIDUAL + KIVI_FAST_GRAIN <= KIVI_FAST_LOGITS && KIVI_FAST_SPLIT <= KIVI_FAST_LOGITS,
+               "a split's or a tail block's logits fit in s_p");
 _Static_assert(FNT == FD, "the combine gives a thread each channel");
 
 #pragma omp declare target
@@ -57,6 +61,7 @@ static inline float fk_p2(int n) { return fk_f((uint32_t)(n + 127) << 23); }
 static inline int fk_ceil_exp(float x) { return (int)((fk_u(x) >> 23) & 255) - 126; } /* 2^e > x > 0 */
 typedef unsigned fk_v4u __attribute__((ext_vector_type(4)));
 typedef unsigned fk_v2u __attribute__((ext_vector_type(2)));
+typedef unsigned fk_v2u_a __attribute__((ext_vector_type(2), may_alias));
 #if defined(__NVPTX__)
 static inline uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;

@@ -161,7 +161,10 @@ static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
 /* GPU f16x2 fast path (attention_gpu.c): tokens [0, Lf) of a row, Lf a multiple of the grain,
  * in splits of up to KIVI_FAST_SPLIT tokens (shorter when there are few rows and heads); in a
  * decode call also the rest of the row and the combine (out != NULL). */
-#define KIVI_FAST_SPLIT 2048
+#define KIVI_FAST_SPLIT 4096
+/* logits of one block of the per-head kernel (shared memory, floats): a split, a tail block's at
+ * most R + 31 tokens, or (fold) a whole split and a tail where R <= 224 */
+#define KIVI_FAST_LOGITS (KIVI_FAST_SPLIT + 256)
 #define KIVI_FAST_GRAIN 32
 #define KIVI_FAST_SMS 132 /* the GPU the fast path's plans are tuned for: an H200's SMs */
 #define KIVI_FAST_WAVE (4 * KIVI_FAST_SMS) /* blocks of the per-head kernel resident at once */

@@ -192,6 +192,11 @@ static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btr
   }
 }
 
+/* Element i of an attention output, fp32 or fp16. */
+static inline void kivi_store_out(void *out, int out_f16, int64_t i, float o) {
+  if (out_f16) ((uint16_t *)out)[i] = kivi_f32_to_f16(o);
+  else ((float *)out)[i] = o;
+}
 /* The split combine of both attention kernels.  Element i of the output ([rows][HQ][D]):
  *   out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s
  * over the nslots partials of its (row, head); empty splits (l = 0) count for nothing. */
@@ -209,9 +214,7 @@ static inline void kivi_combine_item(int64_t i, int D, int64_t nslots, const flo
       num += w * part_o[((size_t)rh * nslots + s) * D + d];
       den += w * ml[2 * s + 1];
     }
-  const float o = num / den;
-  if (out_f16) ((uint16_t *)out)[i] = kivi_f32_to_f16(o);
-  else ((float *)out)[i] = o;
+  kivi_store_out(out, out_f16, i, num / den);
   if (lse && d == 0) lse[rh] = (M + log2f(den)) * 0.6931471805599453f;
 }
 #pragma omp end declare target

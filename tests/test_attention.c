@@ -387,6 +387,16 @@ START_TEST(decode_folded_tail) {
 }
 END_TEST
 
+/* 9 rows x 32 query heads (over 2 kv-heads: the per-head kernel) of at most 4200 tokens: 288
+ * (row, head) pairs, one 4096-token split each, and the fold gives each pair a single block that
+ * takes its whole row and writes the output itself (no partials, no combine).  Rows shorter than
+ * the fp16 window and than one key group are among them. */
+START_TEST(decode_single_block_rows) {
+  const int len[] = {4200, 700, 1500, 3000, 150, 2500, 4000, 900, 3500};
+  rows_case(_i ? 4 : 2, 0, 2, 32, 9, len, 0);
+}
+END_TEST
+
 START_TEST(bad_arguments) {
   const acase a = {64, 2, 4, 2, 2, 32, 128, 0};
   kivi_cache *c = make_cache(&a, 2, 256);
@@ -430,6 +440,7 @@ int main(void) {
   tcase_add_loop_test(tc, decode_long_rows_both_modes, 0, 2);
   tcase_add_loop_test(tc, decode_gqa_many_rows, 0, 2);
   tcase_add_loop_test(tc, decode_folded_tail, 0, 2);
+  tcase_add_loop_test(tc, decode_single_block_rows, 0, 2);
   tcase_add_test(tc, bad_arguments);
   suite_add_tcase(s, tc);
   return tu_run(s);
