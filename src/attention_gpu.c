@@ -8,7 +8,8 @@
  * and values are both quantized) in splits of up to KIVI_FAST_SPLIT.  In a decode call
  * ("fused") one more block per (row, head) takes the rest, [Lf, Lc): its quantized key groups
  * and values the same way, the fp16 windows in fp32, and the last block of each (row, head) to
- * finish combines the partials, so the whole call is one launch.  Otherwise (extend) the
+ * finish combines the partials (a (row, head) that is one block writes its output itself),
+ * so the whole call is one launch.  Otherwise (extend) the
  * portable kernel (attention.c) does the rest and the combine.  It is the design measured in
  * ../shared/research/omp-spike.md (variant K), adapted to the library's packed layout:
  *
