@@ -592,8 +592,8 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   for (int h = 0; h < H; ++h) {
     vexp_new[2 * h] = vexp_new[2 * h + 1] = -14;
     for (int64_t p = 0; p < Lv && l->vb < 16; ++p) {
-      const uint16_t *sz = (const uint16_t *)(im.blocks + (size_t)(p / R) * l->block_bytes + (size_t)h * l->sub_bytes +
-                                              l->vsz_off) + (size_t)(p % R) * 2 * (D / G);
+      const uint16_t *sz = kivi_vscales_at(im.blocks + (size_t)(p / R) * l->block_bytes + (size_t)h * l->sub_bytes, l,
+                                           (int)(p % R));
       for (int g = 0; g < D / G; ++g)
         for (int e = 0; e < 2; ++e) {
           const int x = kivi_f16_exp_bound(sz[2 * g + e]);

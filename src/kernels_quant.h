@@ -136,8 +136,8 @@ static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay,
                                       const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
   const int G = lay->G, D = lay->D, R = lay->R, H = lay->H, c0 = 8 * c8;
   const size_t rb = (size_t)lay->kw * 4; /* bytes per token row of codes */
-  unsigned char *codes = sb + (size_t)g * G * rb + (size_t)c0 * lay->kb / 8;
-  uint16_t *sc = (uint16_t *)(sb + lay->ksz_off) + (size_t)g * 2 * D + c0;
+  unsigned char *codes = kivi_kcodes_at(sb, lay, g, c0);
+  uint16_t *sc = kivi_kscales_at(sb, lay, g, c0);
   switch (lay->kb) { /* constant bits: the per-channel arrays of the item stay in registers */
   case 2: kivi_quant_k_item(codes, rb, sc, sc + D, 2, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
   case 4: kivi_quant_k_item(codes, rb, sc, sc + D, 4, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
@@ -406,9 +406,9 @@ static inline void kivi_vexp_raise(int32_t *vexp2, const int e2[2]) {
  * (the caller raises the V exponent bounds with it; unquantized values have none: NULL). */
 static inline const uint16_t *kivi_append_v_item(unsigned char *sb, const kivi_layout *lay, int cg, int t,
                                                  const uint16_t *x) {
-  const int G = lay->G, vgrp = lay->D / lay->G;
-  uint16_t *sz = (uint16_t *)(sb + lay->vsz_off) + (size_t)t * 2 * vgrp;
-  uint32_t *vc = (uint32_t *)(sb + lay->vcode_off) + (size_t)t * lay->vw;
+  const int G = lay->G;
+  uint16_t *sz = kivi_vscales_at(sb, lay, t);
+  uint32_t *vc = kivi_vcodes_at(sb, lay, t);
   switch (lay->vb) {
   case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x); break;
   case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x); break;
@@ -428,8 +428,8 @@ static inline __attribute__((always_inline)) uint32_t kivi_append_k4(unsigned ch
                                                                      int64_t st0, int h) {
   const int G = lay->G, D = lay->D, R = lay->R, H = lay->H, c0 = 4 * c4;
   const size_t rb = (size_t)lay->kw * 4;
-  unsigned char *codes = sb + (size_t)g * G * rb + (size_t)c0 * lay->kb / 8;
-  uint16_t *sc = (uint16_t *)(sb + lay->ksz_off) + (size_t)g * 2 * D + c0;
+  unsigned char *codes = kivi_kcodes_at(sb, lay, g, c0);
+  uint16_t *sc = kivi_kscales_at(sb, lay, g, c0);
 #define KIVI_K4(b, gg, keep, bf)                                                                                 \
   kivi_k4_item(codes, rb, sc, sc + D, b, gg, c0, p0, L, ring, R, D, src, bf, st0, H, h, keep)
   /* a group of 32 new tokens (none in the ring: the common case of a prefill) is held in
@@ -451,8 +451,8 @@ static inline __attribute__((always_inline)) uint32_t kivi_append_v32(unsigned c
                                                                       int cg, int t, const uint16_t *x, int bf,
                                                                       int e2[2]) {
   const int G = lay->G;
-  uint16_t *sz = (uint16_t *)(sb + lay->vsz_off) + (size_t)t * 2 * (lay->D / G);
-  uint32_t *vc = (uint32_t *)(sb + lay->vcode_off) + (size_t)t * lay->vw;
+  uint16_t *sz = kivi_vscales_at(sb, lay, t);
+  uint32_t *vc = kivi_vcodes_at(sb, lay, t);
   uint32_t bad;
 #define KIVI_V32(b, gg, keep) kivi_v32_item(vc, sz, b, gg, keep, cg, x, bf)
   switch (lay->vb) {

@@ -78,4 +78,20 @@ static inline int kivi_layout_init(kivi_layout *l, int D, int H, int G, int R, i
   return (kcode % 16 || ksz % 16 || vcode % 16 || vsz % 16) ? -1 : 0;
 }
 
+/* In a sub-block sb: K token group g's first code row at channel c (a multiple of 32 / kb) and
+ * its scales at channel c (the zeros are D further). */
+static inline unsigned char *kivi_kcodes_at(unsigned char *sb, const kivi_layout *l, int g, int c) {
+  return sb + l->kcode_off + (size_t)g * l->G * l->kw * 4 + (size_t)c * l->kb / 8;
+}
+static inline uint16_t *kivi_kscales_at(unsigned char *sb, const kivi_layout *l, int g, int c) {
+  return (uint16_t *)(sb + l->ksz_off) + (size_t)g * 2 * l->D + c;
+}
+/* In a sub-block sb: the V code row and the {scale, zero} pairs of the token in slot t. */
+static inline uint32_t *kivi_vcodes_at(unsigned char *sb, const kivi_layout *l, int t) {
+  return (uint32_t *)(sb + l->vcode_off) + (size_t)t * l->vw;
+}
+static inline uint16_t *kivi_vscales_at(unsigned char *sb, const kivi_layout *l, int t) {
+  return (uint16_t *)(sb + l->vsz_off) + (size_t)t * 2 * (l->D / l->G);
+}
+
 #endif
