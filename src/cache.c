@@ -274,7 +274,6 @@ static int copy_finite(void *dst, const void *src, size_t n, kivi_dtype dt) {
 static size_t dtype_size(kivi_dtype t) { return t == KIVI_F32 ? 4 : 2; }
 
 /* Per-call descriptor, one int64 array uploaded at once: 7 columns of n entries. */
-enum { D_SEQ, D_L, D_N, D_STAGE, D_KBPRE, D_VQPRE, D_VQBEG, D_NCOLS };
 
 /* Gives back the blocks an append took (before its lengths were updated), newest first. */
 static void append_undo_blocks(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new) {

@@ -26,7 +26,7 @@ static inline uint32_t kivi_quant_code(float x, float scale, float zero, float m
 
 /* The larger appends compute codes by a multiplication with 1 / scale (kivi_quant_code_mul
  * below) and take the division only within KIVI_QUANT_EPS of a rounding boundary. */
-#define KIVI_QUANT_EPS (1.0f / 1024.0f)
+#define KIVI_QUANT_EPS (1.0f / 2048.0f)
 
 /* Group statistics -> stored fp16 scale and zero. */
 static inline void kivi_group_params(float mn, float mx, int bits, uint16_t *hs, uint16_t *hz) {
@@ -177,18 +177,36 @@ static inline float kivi_f16x2_lo(uint32_t w) { return kivi_f16_to_f32((uint16_t
 static inline float kivi_f16x2_hi(uint32_t w) { return kivi_f16_to_f32((uint16_t)(w >> 16)); }
 
 /* The code by a multiplication, for x >= zero (the group's minimum) and rs = 1 / scale (0 for a
- * zero scale: code 0, as the division's): r = (x - zero) rs rounded to the nearest integer,
- * clamped to maxq.  r is within 2^-12 of the quotient (|quotient| <= 1.5 maxq < 2^9, the 1.5
- * for subnormal scales), so where it is more than KIVI_QUANT_EPS from a half-integer the code
- * is the division's.  *dev rises to
- * |r - rint(r)|: where it ends above KIVI_QUANT_NEAR the caller takes kivi_quant_code (rare:
- * the items redo those values after their loop, where a test per value would make the
- * compiler compute every division). */
+ * zero scale: code 0, as the division's): r = (x - zero) rs clamped to maxq and rounded to the
+ * nearest integer (ties to even: t = r + 1.5 2^23 has an ulp of 1, so t - 1.5 2^23 is rint(r),
+ * and the code is t's low mantissa bits; no float-to-int conversion).  Three fp32 roundings
+ * (x - zero, rs, the product) put r within 3 2^-24 |quotient| <= 2^-13.4 of the quotient
+ * (|quotient| <= 1.5 maxq < 2^9, the 1.5 for subnormal scales), and the division's own "+ 1/2"
+ * rounds by at most 2^-15, so where r is more than KIVI_QUANT_EPS from a half-integer the code
+ * is the division's (at r >= maxq both are maxq).  *dev rises to |r - rint(r)|: where it ends
+ * above KIVI_QUANT_NEAR the caller takes kivi_quant_code (rare: the items redo those values
+ * after their loop, where a test per value would make the compiler compute every division). */
 #define KIVI_QUANT_NEAR (0.5f - KIVI_QUANT_EPS)
+#define KIVI_QUANT_RN 12582912.0f /* 1.5 2^23 */
 static inline uint32_t kivi_quant_code_mul(float x, float rs, float zero, float maxq, float *dev) {
-  const float r = (x - zero) * rs, rn = rintf(r);
-  *dev = fmaxf(*dev, fabsf(r - rn));
-  return (uint32_t)fminf(rn, maxq);
+  const float r = fminf((x - zero) * rs, maxq), t = r + KIVI_QUANT_RN;
+  *dev = fmaxf(*dev, fabsf(r - (t - KIVI_QUANT_RN)));
+  return kivi_f32_bits(t) - 0x4b400000u; /* the bits of 1.5 2^23 */
+}
+/* kivi_quant_code_mul with r = fma(x, rs, nzr), nzr = -(zero rs) rounded to fp32 (one
+ * instruction for (x - zero) rs) and without the clamp, where kivi_quant_fma_ok:
+ *  - |zero rs| < 2^12: the rounding of nzr adds at most 2^-12 to r's error (2^-12 + 2^-13.4 +
+ *    2^-15 < KIVI_QUANT_EPS in all);
+ *  - the scale is 0 (rs = 0: r = 0) or a normal fp16 value, so it is (max - min) / maxq within
+ *    a relative 2^-11 and r <= maxq (1 + 2^-10) < maxq + 1/2 needs no clamp.
+ * The GPU append kernels (append_gpu.c) take it per group. */
+static inline int kivi_quant_fma_ok(float zero, float scale, float rs) {
+  return fabsf(zero * rs) < 4096.0f && (scale == 0.0f || scale >= 6.103515625e-5f); /* 2^-14 */
+}
+static inline uint32_t kivi_quant_code_fma(float x, float rs, float nzr, float *dev) {
+  const float r = fmaf(x, rs, nzr), t = r + KIVI_QUANT_RN;
+  *dev = fmaxf(*dev, fabsf(r - (t - KIVI_QUANT_RN)));
+  return kivi_f32_bits(t) - 0x4b400000u;
 }
 static inline float kivi_quant_rs(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
 

@@ -340,7 +340,8 @@ END_TEST
 /* 16-bit inputs in device memory: on a GPU the larger appends read them directly and check
  * them as they quantize (kernels 2a and 2b), only the tokens left in the windows go through the
  * stage.  For both dtypes, groups held in registers (32) or read twice (64, 128), 8-bit and
- * unquantized tensors, and a call whose key groups start in the window of earlier tokens:
+ * unquantized tensors, and a call whose key groups start in the window of earlier tokens (on a
+ * GPU, fp16 2- and 4-bit tensors with G = 32 take append_gpu.c's kernels, bf16 the portable ones):
  * - the bytes equal those of the same values from host memory;
  * - a non-finite value where only one kernel sees it (a key of a completed block, a value that
  *   leaves the window, a token that stays in the windows, the second sequence) fails the call
@@ -354,7 +355,7 @@ static uint16_t to16(float x, kivi_dtype dt) {
 }
 
 START_TEST(device_inputs_16bit) {
-  static const int cfgs[][4] = {{2, 4, 32, 64}, {4, 2, 64, 128}, {8, 16, 32, 32}, {16, 8, 128, 128}}; /* kb vb G R */
+  static const int cfgs[][4] = {{2, 4, 32, 64}, {4, 2, 32, 128}, {4, 2, 64, 128}, {8, 16, 32, 32}, {16, 8, 128, 128}}; /* kb vb G R */
   enum { H = 2, D = 128, S = 2, N0 = 333, N1 = 200, M0 = 300, M1 = 10 };
   const size_t st = (size_t)H * D, ne = (size_t)(N0 + N1) * st, me = (size_t)(M0 + M1) * st;
   const int ids[S] = {0, 1}, pre[S] = {45, 100}, big[S] = {N0, N1}, more[S] = {M0, M1};

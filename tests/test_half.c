@@ -63,11 +63,13 @@ START_TEST(bf16_widening) {
 END_TEST
 
 /* The library's quantizer for the larger appends (kivi_quant_code_mul: a multiplication by
- * 1 / scale, the division only near a rounding boundary, as the items do it) against the
+ * 1 / scale, the division only near a rounding boundary, as the items do it; and the fma form
+ * kivi_quant_code_fma of the GPU append kernels, where kivi_quant_fma_ok allows it) against the
  * reference's division (tests/ref), for groups as the library makes them (zero = the group's
  * min, scale = fp16((max - min) / maxq)): the values at and next to each code boundary of
  * random groups of every magnitude, and every fp16 value of small groups.  Mismatches are
  * counted and asserted once (a Check assertion per value would dominate the run time). */
+static long n_fma; /* values checked in the fma form too */
 static long quant_mismatches(float mn, float s, int bits, float x) {
   const float maxq = (float)((1 << bits) - 1);
   float dev = 0.0f;
@@ -75,7 +77,17 @@ static long quant_mismatches(float mn, float s, int bits, float x) {
   if (dev > KIVI_QUANT_NEAR) got = kivi_quant_code(x, s, mn, maxq);
   const unsigned want = ref_quant_code(x, s, mn, bits);
   if (got != want) printf("%d-bit min %a scale %a x %a: %u, reference %u\n", bits, mn, s, x, got, want);
-  return got != want;
+  long bad = got != want;
+  const float rs = kivi_quant_rs(s);
+  if (kivi_quant_fma_ok(mn, s, rs)) { /* the fma form, where the GPU append kernels take it */
+    dev = 0.0f;
+    unsigned fgot = kivi_quant_code_fma(x, rs, -(mn * rs), &dev);
+    if (dev > KIVI_QUANT_NEAR) fgot = kivi_quant_code(x, s, mn, maxq);
+    if (fgot != want) printf("%d-bit min %a scale %a x %a: fma %u, reference %u\n", bits, mn, s, x, fgot, want);
+    bad += fgot != want;
+    ++n_fma;
+  }
+  return bad;
 }
 
 static long check_group(uint16_t hmn, uint16_t hmx, int bits, uint64_t *seed) {
@@ -112,6 +124,17 @@ START_TEST(quant_code_equals_division) {
       if (tu_next(&seed) & 1) c |= 0x8000;
       bad += ref_f16_val(a) <= ref_f16_val(c) ? check_group(a, c, bits[b], &seed) : check_group(c, a, bits[b], &seed);
     }
+    /* near-constant groups (a range of 1 to 4 ulps at any magnitude, both signs): |zero / scale|
+     * up to 6144, on both sides of the fma form's 4096 limit; every value of each group */
+    for (int i = 0; i < 20000; ++i) {
+      const uint16_t a = (uint16_t)(tu_next(&seed) % (0x7bfb - 0x0400) + 0x0400), k = (uint16_t)(1 + tu_next(&seed) % 4);
+      const uint16_t lo = (tu_next(&seed) & 1) ? (uint16_t)(a | 0x8000) : a;
+      const uint16_t hi = (lo & 0x8000) ? (uint16_t)(lo - k) : (uint16_t)(lo + k); /* k ulps up */
+      const float mn = ref_f16_val(lo), mx = ref_f16_val(hi);
+      const float s = ref_f16_val(ref_f16((mx - mn) / (float)((1 << bits[b]) - 1)));
+      for (uint16_t d = 0; d <= k; ++d)
+        bad += quant_mismatches(mn, s, bits[b], ref_f16_val((lo & 0x8000) ? (uint16_t)(lo - d) : (uint16_t)(lo + d)));
+    }
     /* every fp16 value of the small groups [x0, 1 + 1/16] */
     const float mx = ref_f16_val(0x3c40);
     for (uint32_t u = 0x3c00; u < 0x3c40; ++u) {
@@ -119,7 +142,9 @@ START_TEST(quant_code_equals_division) {
       for (uint32_t v = u; v <= 0x3c40; ++v) bad += quant_mismatches(mn, s, bits[b], ref_f16_val((uint16_t)v));
     }
   }
-  printf("quantizer: %ld random groups (2, 4 and 8 bits) checked at every code boundary\n", n);
+  printf("quantizer: %ld random groups (2, 4 and 8 bits) checked at every code boundary (%ld values in the fma form)\n", n,
+         n_fma);
+  ck_assert(n_fma > 0);
   ck_assert_msg(bad == 0, "%ld codes differ from the division", bad);
 }
 END_TEST
