@@ -120,19 +120,9 @@ int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int
   if (nw64 >= (int64_t)1 << 29) return -1; /* 32-bit thread indices */
   const unsigned nw = (unsigned)nw64;
   const int nblk = (int)((nw64 + QNT / 32 - 1) / (QNT / 32)), dev = c->ctx->device;
-  if (c->cfg.k_bits == 2) {
-#define FQB 2
 #define KIVI_REGION_FILE "append_keys.inc"
-#include "region_twice.inc"
+#include "region_bits.inc"
 #undef KIVI_REGION_FILE
-#undef FQB
-  } else {
-#define FQB 4
-#define KIVI_REGION_FILE "append_keys.inc"
-#include "region_twice.inc"
-#undef KIVI_REGION_FILE
-#undef FQB
-  }
   return 0;
 }
 
@@ -151,19 +141,11 @@ int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, i
   if (nt64 >= (int64_t)1 << 31) return -1; /* 32-bit thread indices */
   const unsigned nt = (unsigned)nt64, nq = (unsigned)nvq;
   const int nblk = (int)((nt64 + QNT - 1) / QNT), dev = c->ctx->device;
-  if (c->cfg.v_bits == 2) {
-#define FQB 2
 #define KIVI_REGION_FILE "append_values.inc"
-#include "region_twice.inc"
+#define KIVI_REGION_BITS c->cfg.v_bits
+#include "region_bits.inc"
+#undef KIVI_REGION_BITS
 #undef KIVI_REGION_FILE
-#undef FQB
-  } else {
-#define FQB 4
-#define KIVI_REGION_FILE "append_values.inc"
-#include "region_twice.inc"
-#undef KIVI_REGION_FILE
-#undef FQB
-  }
   return 0;
 }
 
