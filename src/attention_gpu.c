@@ -172,6 +172,12 @@ static inline void fk_words(uint32_t *w, const uint32_t *p, int n) {
     w[0] = ld4(p);
   }
 }
+/* The (block, kv-head) sub-block that holds token t of a row: hb is the kv-head's sub-block of
+ * block 0, btrow the row's block table, blocks of 2^lr tokens and bsz bytes (kivi_gpu_fast_eligible:
+ * bsz < 2^32, so offsets within a sub-block are 32-bit too) */
+static inline const unsigned char *fk_sub_at(const unsigned char *hb, const int32_t *btrow, int t, int lr, uint32_t bsz) {
+  return hb + (uint64_t)(uint32_t)kivi_block_index(btrow[t >> lr]) * bsz;
+}
 static inline float wsum(float v) { for (int o = 16; o; o >>= 1) v += shfx(v, o); return v; }
 static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, shfx(v, o)); return v; }
 /* Block blk of a grid of np (row, head) pairs times nf splits, and a tail block per pair in
@@ -283,7 +289,7 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
   const int R = f->residual;
   return c->ctx->on_gpu && f->attention == KIVI_ATTENTION_FAST && (f->k_bits == 2 || f->k_bits == 4) &&
          f->v_bits == f->k_bits &&
-         f->head_dim == FD && f->group == 32 && R >= 32 && (R & (R - 1)) == 0;
+         f->head_dim == FD && f->group == 32 && R >= 32 && (R & (R - 1)) == 0 && c->lay.block_bytes <= UINT32_MAX;
 }
 
 /* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
@@ -304,6 +310,7 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   const int gsz = HQ / H, Rm = R - 1, fused = out != NULL, nsf = nf + fused;
   int lr = 0;
   while ((1 << lr) < R) ++lr;
+  const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_fast_eligible */
   const size_t sub = c->lay.sub_bytes, ksz_off = c->lay.ksz_off, vcode_off = c->lay.vcode_off,
                vsz_off = c->lay.vsz_off;
   const int dev = c->ctx->device;
