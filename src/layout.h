@@ -78,12 +78,12 @@ static inline int kivi_layout_init(kivi_layout *l, int D, int H, int G, int R, i
   return (kcode % 16 || ksz % 16 || vcode % 16 || vsz % 16) ? -1 : 0;
 }
 
-/* In a sub-block sb: K token group g's first code row at channel c (a multiple of 32 / kb) and
- * its scales at channel c (the zeros are D further). */
 /* A block-table entry as a block index.  An unset entry (-1) reads as block 0, inside the pool:
  * only a decode enqueued after a failed append reads one (the failure is reported by the wait and
  * that decode's output is undefined), and it must not read outside the pool. */
 static inline size_t kivi_block_index(int32_t b) { return b < 0 ? 0 : (size_t)b; }
+/* In a sub-block sb: K token group g's first code row at channel c (a multiple of 32 / kb) and
+ * its scales at channel c (the zeros are D further). */
 static inline unsigned char *kivi_kcodes_at(unsigned char *sb, const kivi_layout *l, int g, int c) {
   return sb + l->kcode_off + (size_t)g * l->G * l->kw * 4 + (size_t)c * l->kb / 8;
 }
