@@ -42,7 +42,7 @@
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
 #define FVU 8   /* V tokens per lane, loads first */
-#define FVR 8   /* V tokens per f16 run */
+#define FVR 8   /* V tokens per f16 run (16: 10-27 % slower on the H200, PERF.md session 15) */
 #define FTU 4   /* fp16 key rounds of 4 tokens per warp in flight (tail block) */
 #define FD 128
 /* f16x2 words a lane's dot products of a K group are summed to in f16 before fp32: 2 words,
@@ -110,6 +110,13 @@ static inline fk_v4u ld16(const uint32_t *p) { return __nvvm_ldg_ui4((const fk_v
 static inline fk_v2u ld8(const uint32_t *p) { return __nvvm_ldg_ui2((const fk_v2u *)p); }
 static inline uint32_t ld4(const uint32_t *p) { return __nvvm_ldg_ui(p); }
 static inline float shfx(float v, int o) { return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, o, 0x1f); }
+static inline float shfi(float v, int l) { return __nvvm_shfl_sync_idx_f32(0xffffffffu, v, l, 0x1f); }
+/* the warp's maximum of u, one instruction (sm_80+); of floats >= 0 (their bits), it is fmaxf's */
+static inline uint32_t wmaxu(uint32_t u) {
+  uint32_t d;
+  __asm__ volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(d) : "r"(u));
+  return d;
+}
 static inline float fk_ex2(float x) { return __nvvm_ex2_approx_f(x); }
 static inline void fk_sync(void) { __syncthreads(); }
 static inline void fk_wsync(void) { __nvvm_bar_warp_sync(0xffffffffu); }
@@ -138,6 +145,8 @@ static inline fk_v4u ld16(const uint32_t *p) { fk_v4u r = {p[0], p[1], p[2], p[3
 static inline fk_v2u ld8(const uint32_t *p) { fk_v2u r = {p[0], p[1]}; return r; }
 static inline uint32_t ld4(const uint32_t *p) { return *p; }
 static inline float shfx(float v, int o) { (void)o; return v; }
+static inline float shfi(float v, int l) { (void)l; return v; }
+static inline uint32_t wmaxu(uint32_t u) { return u; }
 static inline float fk_ex2(float x) { return exp2f(x); }
 static inline void fk_sync(void) {}
 static inline void fk_wsync(void) {}
@@ -180,6 +189,36 @@ static inline const unsigned char *fk_sub_at(const unsigned char *hb, const int3
 }
 static inline float wsum(float v) { for (int o = 16; o; o >>= 1) v += shfx(v, o); return v; }
 static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, shfx(v, o)); return v; }
+/* One butterfly step over a lane's values lo and hi: the lanes with bit o set keep hi, the
+ * others lo, and each adds the value its partner (lane ^ o) gave away: the sum over both lanes
+ * of the kept one.  Scalar arguments, not an array: a select between two array elements
+ * becomes a load from a selected address and puts the array in local memory. */
+static inline float fk_bfly_keep(float lo, float hi, int lane, int o) {
+  const int up = (lane & o) != 0;
+  const float keep = up ? hi : lo, send = up ? lo : hi;
+  return keep + shfx(send, o);
+}
+/* The warp sums of n = 1, 2 or 4 values per lane (a constant), every lane getting all n in v,
+ * as n calls of wsum would give them up to the order of the additions: the first log2 n
+ * butterfly steps halve a lane's values (fk_bfly_keep), so that lane l ends with the sum of
+ * value l >> (5 - log2 n), and n shuffles hand the sums out.  4 values take 10 shuffles and 6
+ * additions, where wsum takes 20 and 20. */
+static inline void wsum_all(float *v, int n, int lane) {
+  float x = v[0];
+  int o = 16, sh = 5;
+  if (n == 4) {
+    x = fk_bfly_keep(fk_bfly_keep(v[0], v[2], lane, 16), fk_bfly_keep(v[1], v[3], lane, 16), lane, 8);
+    o = 4;
+    sh = 3;
+  } else if (n == 2) {
+    x = fk_bfly_keep(v[0], v[1], lane, 16);
+    o = 8;
+    sh = 4;
+  }
+  for (; o; o >>= 1) x += shfx(x, o);
+  #pragma unroll
+  for (int i = 0; i < n; ++i) v[i] = shfi(x, i << sh);
+}
 /* Block blk of a grid of np (row, head) pairs times nf splits, and a tail block per pair in
  * fused calls: the split blocks of every pair first, then the tail blocks.  Where the grid is a
  * little over a whole number of waves, the blocks left for the last wave are then the short
