@@ -248,15 +248,22 @@ static inline void fk_block_tokens(int sf, int nf, int fs, int Lf, const int64_t
     *nvq = *n;
   }
 }
-/* The V operands' scaling from the exponent bounds ve = {scale, zero} of the (layer, kv-head),
- * unread when nvq = 0 (then they may be unset): p is packed as f16x2 {p * fv, p * fz}, and the
+/* The exponent bounds {scale, zero} of the V scales and zeros of (layer, kv-head) (vexp), read
+ * at a decode block's start: read after the K phase, as they are used, their load would add one
+ * memory latency to every block's path (it waits for the barrier there).  Set by append, unset
+ * (any value) while the (layer, kv-head) holds no quantized value; always inside vexp. */
+static inline fk_v2u fk_v_bounds(const int32_t *vexp, int layer, int H, int kvh) {
+  return ld8((const uint32_t *)(vexp + ((size_t)layer * H + kvh) * 2));
+}
+/* The V operands' scaling from the exponent bounds ve (fk_v_bounds), unused when nvq = 0 (then
+ * they may be unset): p is packed as f16x2 {p * fv, p * fz}, and the
  * scale/zero pairs are multiplied by ks; the results are scaled back by 2^SV and 2^ZV.
  * p * scale * 2^(24 - SV) < 2^15 is the operand of the codes.  The factor 2^(24 - SV) is split
  * so that neither f16 factor overflows: p * 2^min(15, 24 - SV) <= 2^15 and
  * scale * 2^max(0, 9 - SV) < 1 (exact: a power of two times an f16 that stays normal). */
-static inline void fk_v_scaling(const int32_t *ve, int nvq, int *SV, int *ZV, float *fv, float *fz, uint32_t *ks) {
-  *SV = nvq > 0 ? 9 + ve[0] : 0;
-  *ZV = nvq > 0 ? ve[1] : 0;
+static inline void fk_v_scaling(fk_v2u ve, int nvq, int *SV, int *ZV, float *fv, float *fz, uint32_t *ks) {
+  *SV = nvq > 0 ? 9 + (int32_t)ve.x : 0;
+  *ZV = nvq > 0 ? (int32_t)ve.y : 0;
   *fv = fk_p2(24 - *SV < 15 ? 24 - *SV : 15);
   *fz = fk_p2(-*ZV);
   *ks = f2h2(fk_p2(9 - *SV > 0 ? 9 - *SV : 0), 1.0f);
