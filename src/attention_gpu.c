@@ -42,7 +42,7 @@
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
 #define FVU 8   /* V tokens per lane, loads first */
-#define FVR 8   /* V tokens per f16 run (16: 10-27 % slower on the H200, PERF.md session 15) */
+#define FVR 8   /* V tokens per f16 run (16: 10-35 % slower on the H200, PERF.md session 15) */
 #define FTU 4   /* fp16 key rounds of 4 tokens per warp in flight (tail block) */
 #define FD 128
 /* f16x2 words a lane's dot products of a K group are summed to in f16 before fp32: 2 words,
