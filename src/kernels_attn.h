@@ -118,7 +118,7 @@ static inline void kivi_vsum_host(const unsigned char *pool, const int32_t *btro
     for (int i = 0; i < nh * D; ++i) part[i] = 0.0f;
     for (int j = jc; j < je; ++j) {
       if (j < jq) {
-        const unsigned char *sb = pool + (kivi_block_index(btrow[bi]) * H + kvh) * sub;
+        const unsigned char *sb = kivi_sub_of(pool, btrow[bi], H, kvh, sub);
         const uint32_t *row = (const uint32_t *)(sb + vcode_off) + (size_t)tr * vw;
         if (vb == 16) {
           for (int d = 0; d < D; ++d) v[d] = kivi_f16_to_f32((uint16_t)(row[d / 2] >> (16 * (d & 1))));
@@ -173,7 +173,7 @@ static inline void kivi_vacc_codes(const unsigned char *pool, const int32_t *btr
     for (int k = 0; k < cpw; ++k) a[k] = 0.0f;
     for (int j = jc; j < je; j += step) {
       const int t = (int)t0 + j; /* positions fit in int: 32-bit division */
-      const unsigned char *sb = pool + (kivi_block_index(btrow[t / R]) * H + kvh) * sub;
+      const unsigned char *sb = kivi_sub_of(pool, btrow[t / R], H, kvh, sub);
       const int tr = t % R;
       const uint32_t u = ((const uint32_t *)(sb + vcode_off))[(size_t)tr * vw + wi];
       const float pj = p[j];

@@ -82,6 +82,11 @@ static inline int kivi_layout_init(kivi_layout *l, int D, int H, int G, int R, i
  * only a decode enqueued after a failed append reads one (the failure is reported by the wait and
  * that decode's output is undefined), and it must not read outside the pool. */
 static inline size_t kivi_block_index(int32_t b) { return b < 0 ? 0 : (size_t)b; }
+/* The sub-block of kv-head kvh in the block of table entry b, in a pool of blocks of H
+ * sub-blocks of sub bytes each (an unset entry reads as block 0: kivi_block_index). */
+static inline const unsigned char *kivi_sub_of(const unsigned char *pool, int32_t b, int H, int kvh, size_t sub) {
+  return pool + (kivi_block_index(b) * H + kvh) * sub;
+}
 /* In a sub-block sb: K token group g's first code row at channel c (a multiple of 32 / kb) and
  * its scales at channel c (the zeros are D further). */
 static inline unsigned char *kivi_kcodes_at(unsigned char *sb, const kivi_layout *l, int g, int c) {
