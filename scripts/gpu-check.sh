@@ -4,8 +4,15 @@
 #   . .devrt/env.sh; bash scripts/gpu-check.sh BUILD_DIR OUT_DIR [bench args...]
 # OMP_TARGET_OFFLOAD=MANDATORY (set by env.sh) makes a silent host fallback a failure, and
 # KIVI_TEST_EXPECT_GPU=1 makes the tests fail if their context is not on the GPU.
+# The test programs link Check's libsubunit.so.0, which the GPU machine lacks: copy it into
+# BUILD_DIR/.libs before sending the tree (cp -L /lib/x86_64-linux-gnu/libsubunit.so.0 BUILD/.libs/);
+# this script stops with that advice when it is missing.
 set -u
 b=$1; out=$2; shift 2
+if ! ldconfig -p | grep -q libsubunit.so.0 && [ ! -e "$b/.libs/libsubunit.so.0" ]; then
+  echo "gpu-check: libsubunit.so.0 is neither installed here nor in $b/.libs (copy it there from the build machine)"
+  exit 1
+fi
 mkdir -p "$out" || exit 1
 export LD_LIBRARY_PATH=$PWD/$b/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CK_FORK=no CK_DEFAULT_TIMEOUT=1200 KIVI_TEST_EXPECT_GPU=1 top_builddir=$b top_srcdir=. KIVI_HAVE_OFFLOAD=1
