@@ -181,7 +181,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   kivi_context *probe = NULL;
-  kivi_context_info info = {0, 0, 0};
+  kivi_context_info info;
+  memset(&info, 0, sizeof info);
   if (!host && kivi_context_create(&probe, KIVI_DEVICE_DEFAULT) == KIVI_OK) (void)kivi_context_get_info(probe, &info);
   kivi_context_destroy(probe);
   const int ndev = host || !info.on_gpu ? 0 : info.num_devices;

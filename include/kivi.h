@@ -1,31 +1,44 @@
-/* libkivi-omp — KIVI KV-cache quantization with a fused attention that reads the packed cache.
+/**
+ * @file kivi.h
+ * @brief libkivi-omp — KIVI KV-cache quantization with a fused attention that reads the packed cache.
  *
  * KIVI (Liu et al., ICML 2024): keys are quantized per channel, values per token, to 2, 4 or 8
  * bits with asymmetric min/max groups (fp16 scale and zero); the most recent tokens stay in an
  * fp16 residual window.  Everything here runs as OpenMP target regions, on an NVIDIA GPU when
  * the library was built with offload and a device is chosen, otherwise on host threads.
  *
- * Conventions
- *  - Every call returns a kivi_status; KIVI_OK is 0.  On any error the cache is unchanged and
- *    no output has been written, except where a function says otherwise.  The library never
- *    aborts, exits or prints.
+ * @par Conventions
+ *  - Every call that can fail returns a ::kivi_status; ::KIVI_OK is 0.  On any error the cache
+ *    is unchanged and no output has been written, except where a function says otherwise
+ *    (the size-query outputs of kivi_cache_export_seq() and kivi_cache_save() on
+ *    ::KIVI_ERR_BUFFER).  The library never aborts, exits or prints.
  *  - Sizes are in elements unless a name says bytes.  fp16 means IEEE binary16 bits in uint16_t.
  *  - Tensor layouts are row-major, the last dimension named is contiguous.
- *  - Pointers marked "host or device" are host memory when `mem` is KIVI_MEM_HOST, and memory
- *    of the cache's device (from kivi_context_alloc or omp_target_alloc on that device) when
- *    `mem` is KIVI_MEM_DEVICE.
+ *  - Pointers marked "host or device" are host memory when `mem` is ::KIVI_MEM_HOST, and memory
+ *    of the cache's device (from kivi_context_alloc() or omp_target_alloc on that device) when
+ *    `mem` is ::KIVI_MEM_DEVICE.
+ *  - A call over zero sequences (`n_seqs` = 0) validates its other scalar arguments and then
+ *    does nothing: its array arguments may be NULL.
  *
- * Threading: a kivi_context may be shared by any number of threads and caches (it is immutable
- * after creation).  A kivi_cache must be used by one thread at a time; distinct caches may be
- * used concurrently from different threads.
+ * @par Threading
+ * A ::kivi_context may be shared by any number of threads and caches (it is immutable after
+ * creation).  A ::kivi_cache must be used by one thread at a time; distinct caches may be used
+ * concurrently from different threads.
  *
- * Devices: a context is bound at creation to one device (or the host), and every cache created
- * from it lives there: its memory, its kernels and the work it enqueues; KIVI_MEM_DEVICE pointers
- * given to it must be memory of that device.  For several GPUs in one process create one context
- * per device (kivi_context_create(&ctx, n), 0 <= n < num_devices) and caches on each; caches on
+ * @par Devices
+ * A context is bound at creation to one device (or the host), and every cache created from it
+ * lives there: its memory, its kernels and the work it enqueues; ::KIVI_MEM_DEVICE pointers given
+ * to it must be memory of that device.  For several GPUs in one process create one context per
+ * device (kivi_context_create(&ctx, n), 0 <= n < num_devices) and caches on each; caches on
  * different devices share nothing and may be used concurrently, typically one host thread per
  * device.  Results of caches on different devices (e.g. kv-heads split across GPUs or MPI ranks)
  * are combined by the caller: examples/kivi_multi_device.c, examples/mpi/kivi_mpi_heads.c.
+ *
+ * @par Binary compatibility
+ * The public structs have fixed sizes with reserved members at their end, so later versions
+ * add fields without moving any (docs/ABI.md).  Start a ::kivi_cache_config from
+ * kivi_cache_config_init(), which zeroes the reserved members; the library refuses a
+ * configuration whose reserved members are not zero.
  */
 #ifndef KIVI_H
 #define KIVI_H
@@ -49,71 +62,92 @@ extern "C" {
 
 /* ---- status ------------------------------------------------------------------------------ */
 
+/** What a call did: ::KIVI_OK or the reason it refused or failed. */
 typedef enum kivi_status {
-  KIVI_OK = 0,
-  KIVI_ERR_ARG = 1,         /* NULL pointer, size or index out of range, inconsistent arguments */
-  KIVI_ERR_UNSUPPORTED = 2, /* valid request this build does not support (bits, group, head_dim...) */
-  KIVI_ERR_NO_DEVICE = 3,   /* the requested device does not exist or cannot be used */
-  KIVI_ERR_NOMEM = 4,       /* host or device allocation failed */
-  KIVI_ERR_CAPACITY = 5,    /* the cache's block pool or a sequence's maximum length is exhausted */
-  KIVI_ERR_NONFINITE = 6,   /* NaN or Inf in the input, or a value beyond the fp16 range */
-  KIVI_ERR_DEVICE = 7,      /* the offload runtime failed (copy, kernel) */
-  KIVI_ERR_BUFFER = 8,      /* the caller's output buffer is too small */
-  KIVI_ERR_FORMAT = 9,      /* a checkpoint is truncated, corrupted or of another format version */
-  KIVI_ERR_MISMATCH = 10,   /* a checkpoint's geometry (layers, heads, head_dim, bits, G, R) differs */
-  KIVI_ERR_IO = 11          /* a file could not be read or written */
+  KIVI_OK = 0,              /**< success */
+  KIVI_ERR_ARG = 1,         /**< NULL pointer, size or index out of range, inconsistent arguments */
+  KIVI_ERR_UNSUPPORTED = 2, /**< valid request this build does not support (bits, group, head_dim...) */
+  KIVI_ERR_NO_DEVICE = 3,   /**< the requested device does not exist or cannot be used */
+  KIVI_ERR_NOMEM = 4,       /**< host or device allocation failed */
+  KIVI_ERR_CAPACITY = 5,    /**< the cache's block pool, its sequence slots or a sequence's maximum length is exhausted */
+  KIVI_ERR_NONFINITE = 6,   /**< NaN or Inf in the input, or a value beyond the fp16 range */
+  KIVI_ERR_DEVICE = 7,      /**< the offload runtime failed (copy, kernel) */
+  KIVI_ERR_BUFFER = 8,      /**< the caller's output buffer is too small */
+  KIVI_ERR_FORMAT = 9,      /**< a checkpoint is truncated, corrupted or of another format version */
+  KIVI_ERR_MISMATCH = 10,   /**< a checkpoint's geometry (layers, heads, head_dim, bits, G, R) differs */
+  KIVI_ERR_IO = 11          /**< a file could not be read or written */
 } kivi_status;
 
-/* A static English description of a status ("invalid argument", ...); never NULL. */
+/** A static English description of a status ("invalid argument", ...); never NULL. */
 KIVI_API const char *kivi_status_string(kivi_status status);
 
 /* ---- version and build ----------------------------------------------------------------- */
 
+/** The version of the loaded library, "MAJOR.MINOR.PATCH" (KIVI_VERSION_STRING is the header's). */
 KIVI_API const char *kivi_version_string(void);
-KIVI_API int kivi_version_major(void);
-KIVI_API int kivi_version_minor(void);
-KIVI_API int kivi_version_patch(void);
-/* 1 when built with GPU offload (nvptx), 0 for a host-only build. */
+KIVI_API int kivi_version_major(void); /**< major version of the loaded library */
+KIVI_API int kivi_version_minor(void); /**< minor version of the loaded library */
+KIVI_API int kivi_version_patch(void); /**< patch version of the loaded library */
+/** 1 when built with GPU offload (nvptx), 0 for a host-only build. */
 KIVI_API int kivi_built_with_offload(void);
-/* One line describing the build: compiler, OpenMP, offload target and arch. */
+/** One line describing the build: compiler, OpenMP, offload target and arch. */
 KIVI_API const char *kivi_build_config(void);
 
 /* ---- context: where the work runs ------------------------------------------------------ */
 
+/** Where work runs: one device (or the host), chosen at creation.  Opaque. */
 typedef struct kivi_context kivi_context;
 
-#define KIVI_DEVICE_DEFAULT (-1) /* the OpenMP default device if it is a GPU, else the host */
-#define KIVI_DEVICE_HOST (-2)    /* host threads, even when a GPU is present */
+#define KIVI_DEVICE_DEFAULT (-1) /**< the OpenMP default device if it is a GPU, else the host */
+#define KIVI_DEVICE_HOST (-2)    /**< host threads, even when a GPU is present */
 
-typedef enum kivi_mem { KIVI_MEM_HOST = 0, KIVI_MEM_DEVICE = 1 } kivi_mem;
+/** Where the memory behind a pointer argument lives. */
+typedef enum kivi_mem {
+  KIVI_MEM_HOST = 0,  /**< host memory */
+  KIVI_MEM_DEVICE = 1 /**< memory of the cache's (or context's) device */
+} kivi_mem;
 
+/** What kivi_context_get_info() reports.  64 bytes; the library writes every member. */
 typedef struct kivi_context_info {
-  int device;      /* OpenMP device number the work runs on (the initial device for the host) */
-  int on_gpu;      /* 1 when a probe kernel ran on a GPU at creation, 0 when on host threads */
-  int num_devices; /* OpenMP devices visible to this process (0 in host-only builds) */
+  int device;        /**< OpenMP device number the work runs on (the initial device for the host) */
+  int on_gpu;        /**< 1 when a probe kernel ran on a GPU at creation, 0 when on host threads */
+  int num_devices;   /**< OpenMP devices visible to this process (0 in host-only builds) */
+  int reserved[13];  /**< written as 0; later versions may report more here */
 } kivi_context_info;
 
-/* device: KIVI_DEVICE_DEFAULT, KIVI_DEVICE_HOST, or a device number 0 <= n < number of devices.
- * A device number that does not exist is KIVI_ERR_NO_DEVICE, never a quiet run on the host.
- * Creation runs a probe kernel, so on_gpu reports where work really runs. */
+/** Creates a context bound to a device.
+ * @param ctx     receives the context (NULL on error)
+ * @param device  ::KIVI_DEVICE_DEFAULT, ::KIVI_DEVICE_HOST, or a device number
+ *                0 <= n < number of devices
+ * @return ::KIVI_ERR_NO_DEVICE for a device number that does not exist (never a quiet run on
+ *         the host), ::KIVI_ERR_ARG for a NULL ctx, ::KIVI_ERR_NOMEM.
+ * Creation runs a probe kernel, so kivi_context_info::on_gpu reports where work really runs. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_context_create(kivi_context **ctx, int device);
-KIVI_API void kivi_context_destroy(kivi_context *ctx); /* NULL is allowed */
+/** Destroys a context (after every cache made from it).  NULL is allowed. */
+KIVI_API void kivi_context_destroy(kivi_context *ctx);
+/** Where the context runs; ::KIVI_ERR_ARG for NULL arguments. */
 KIVI_API kivi_status kivi_context_get_info(const kivi_context *ctx, kivi_context_info *info);
 
-/* Runs a small reduction kernel on the context's device and checks it against the host.
- * *ran_on_gpu (may be NULL) says where it executed.  KIVI_ERR_DEVICE if the result is wrong. */
+/** Runs a small reduction kernel on the context's device and checks it against the host.
+ * @param ran_on_gpu  may be NULL; receives 1 when the kernel ran on a GPU
+ * @return ::KIVI_ERR_DEVICE if the result is wrong or the kernel could not run. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_context_selftest(kivi_context *ctx, int *ran_on_gpu);
 
-/* Memory on the context's device (host memory for a host context), for KIVI_MEM_DEVICE
- * arguments.  kivi_context_free(ctx, NULL) is allowed. */
+/** Allocates memory on the context's device (host memory for a host context), for
+ * ::KIVI_MEM_DEVICE arguments.  ::KIVI_ERR_NOMEM when it fails. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_context_alloc(kivi_context *ctx, size_t bytes, void **ptr);
+/** Frees memory from kivi_context_alloc(); kivi_context_free(ctx, NULL) is allowed. */
 KIVI_API void kivi_context_free(kivi_context *ctx, void *ptr);
+/** Copies host memory to the context's device. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_context_upload(kivi_context *ctx, void *dst_device,
                                                          const void *src_host, size_t bytes);
+/** Copies memory of the context's device to the host. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_context_download(kivi_context *ctx, void *dst_host,
                                                            const void *src_device, size_t bytes);
 
-/* ---- the KV cache ---------------------------------------------------------------------- *
+/* ---- the KV cache ---------------------------------------------------------------------- */
+
+/** @name The KV cache
  * Semantics (KIVI, exactly):
  *  - Group quantization with b bits: scale = (max - min) / (2^b - 1) and zero = min, both stored
  *    as fp16 (round to nearest even); code = clamp(floor((x - zero) / scale + 1/2), 0, 2^b - 1)
@@ -128,154 +162,210 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_context_download(kivi_context *ctx, voi
  *  - Inputs are rounded to fp16 first; all quantization reads the fp16 values.  The cache
  *    contents therefore depend only on the tokens, never on how appends split them.
  *  - bits = 16 stores the tokens unquantized in fp16 (the baseline path, same kernels).
- */
+ * @{ */
 
+/** A KV cache of several layers and sequences on one device.  Opaque. */
 typedef struct kivi_cache kivi_cache;
 
-typedef enum kivi_dtype { KIVI_F32 = 0, KIVI_F16 = 1, KIVI_BF16 = 2 } kivi_dtype;
+/** Element type of K/V inputs and of attention outputs. */
+typedef enum kivi_dtype {
+  KIVI_F32 = 0, /**< IEEE binary32 */
+  KIVI_F16 = 1, /**< IEEE binary16 bits in uint16_t */
+  KIVI_BF16 = 2 /**< bfloat16 bits in uint16_t */
+} kivi_dtype;
 
-/* Which attention kernel a cache may use. */
+/** Which attention kernel a cache may use. */
 typedef enum kivi_attention_mode {
-  KIVI_ATTENTION_FAST = 0, /* fastest kernel available: on a GPU, for 2-bit or 4-bit K/V (the same for
+  KIVI_ATTENTION_FAST = 0, /**< fastest kernel available: on a GPU, for 2-bit or 4-bit K/V (the same for
                               both), head_dim 128, G = 32 and R a power of two >= 32, an f16x2
                               kernel (fp16-attention accuracy, about 1e-3 relative) */
-  KIVI_ATTENTION_FP32 = 1  /* always the portable kernel: fp32 accumulation (about 1e-6 relative) */
+  KIVI_ATTENTION_FP32 = 1  /**< always the portable kernel: fp32 accumulation (about 1e-6 relative) */
 } kivi_attention_mode;
 
+/** The geometry and KIVI parameters of a cache.  128 bytes.  Fill it with
+ * kivi_cache_config_init() and change what differs; kivi_cache_config_check() and
+ * kivi_cache_config_reason() say what is wrong with one. */
 typedef struct kivi_cache_config {
-  int n_layers;    /* >= 1 */
-  int n_kv_heads;  /* >= 1 */
-  int head_dim;    /* multiple of 32, 32..256 (64 and 128 are the tested model sizes) */
-  int max_seqs;    /* sequence slots, ids 0..max_seqs-1 */
-  int max_seq_len; /* tokens per sequence */
-  int64_t pool_tokens; /* quantized-token capacity per layer shared by all sequences, rounded
-                          up to whole R-token blocks; 0 = max_seqs * max_seq_len */
-  int k_bits;      /* 2, 4, 8, or 16 (no quantization) */
-  int v_bits;      /* 2, 4, 8, or 16 */
-  int group;       /* G: 32, 64 or 128; must divide head_dim */
-  int residual;    /* R: multiple of G, G..1024 (paper default G=32, R=128) */
-  int attention;   /* kivi_attention_mode (default KIVI_ATTENTION_FAST) */
-  int async_lanes; /* 0 or 1 (default): enqueued work runs in call order.  2..KIVI_MAX_ASYNC_LANES:
-                      the decode calls and decode-step appends of layer l run in call order
-                      with those of the layers l' = l (mod async_lanes), and side by side with
-                      the others (see "asynchronous execution" below).  Each lane holds its own
-                      scratch memory. */
+  int n_layers;    /**< 1..4096 */
+  int n_kv_heads;  /**< 1..4096 */
+  int head_dim;    /**< multiple of 32, 32..256 (64 and 128 are the tested model sizes) */
+  int max_seqs;    /**< sequence slots, ids 0..max_seqs-1 (at most 2^20) */
+  int max_seq_len; /**< tokens per sequence, >= 1 */
+  int64_t pool_tokens; /**< quantized-token capacity of each layer's block pool, shared by all
+                            sequences, rounded up to whole R-token blocks; 0 = max_seqs * max_seq_len */
+  int k_bits;      /**< 2, 4, 8, or 16 (no quantization) */
+  int v_bits;      /**< 2, 4, 8, or 16 */
+  int group;       /**< G: 32, 64 or 128; must divide head_dim */
+  int residual;    /**< R: multiple of G, G..1024 (paper default G=32, R=128) */
+  int attention;   /**< ::kivi_attention_mode (default ::KIVI_ATTENTION_FAST) */
+  int async_lanes; /**< 0 or 1 (default): enqueued work runs in call order.  2..::KIVI_MAX_ASYNC_LANES:
+                        the decode calls and decode-step appends of layer l run in call order
+                        with those of the layers l' = l (mod async_lanes), and side by side with
+                        the others (see "asynchronous execution" below).  Each lane holds its own
+                        scratch memory. */
+  int32_t reserved[18]; /**< must be 0 (kivi_cache_config_init() zeroes them); later versions
+                             give them meanings whose 0 keeps today's behaviour */
 } kivi_cache_config;
 
-#define KIVI_MAX_ASYNC_LANES 8
+#define KIVI_MAX_ASYNC_LANES 8 /**< the largest kivi_cache_config::async_lanes */
 
-/* Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, fast attention. */
+/** Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, fast attention,
+ * pool_tokens 0, async_lanes 1, reserved members 0.  Does nothing for NULL. */
 KIVI_API void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads,
                                      int head_dim, int max_seqs, int max_seq_len);
 
-/* Checks a config without allocating: KIVI_ERR_ARG or KIVI_ERR_UNSUPPORTED with the reason. */
+/** Checks a config without allocating.
+ * @return ::KIVI_OK; ::KIVI_ERR_ARG for a NULL config, a count or size out of range, an unknown
+ *         attention mode or a non-zero reserved member; ::KIVI_ERR_UNSUPPORTED for bits, group,
+ *         residual or head_dim values this library does not implement.
+ * kivi_cache_config_reason() names the rule that failed. */
 KIVI_API kivi_status kivi_cache_config_check(const kivi_cache_config *cfg);
 
-/* Allocates all storage on the context's device at creation (block pool, residual windows,
- * block tables); nothing is allocated per call except scratch that grows to the largest call. */
+/** Why kivi_cache_config_check() refuses a config: a static English sentence naming the first
+ * member that breaks a rule ("group must divide head_dim"), or "" when the config is valid.
+ * Never NULL. */
+KIVI_API const char *kivi_cache_config_reason(const kivi_cache_config *cfg);
+
+/** Creates a cache.  All storage is allocated on the context's device here (block pool,
+ * residual windows, block tables); nothing is allocated per call except scratch that grows to
+ * the largest call.
+ * @param cache  receives the cache, NULL on error
+ * @return the status of kivi_cache_config_check(), ::KIVI_ERR_NOMEM, ::KIVI_ERR_DEVICE. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg,
                                                       kivi_cache **cache);
-KIVI_API void kivi_cache_destroy(kivi_cache *cache); /* NULL is allowed */
+/** Destroys a cache, waiting for its enqueued work first.  NULL is allowed. */
+KIVI_API void kivi_cache_destroy(kivi_cache *cache);
+/** The config the cache was created with. */
 KIVI_API kivi_status kivi_cache_get_config(const kivi_cache *cache, kivi_cache_config *cfg);
 
-/* Appends new tokens to layer `layer` of n_seqs distinct sequences.
- *   seq_ids[n_seqs], n_new[n_seqs] (host arrays; n_new[i] >= 0)
- *   k, v: [sum n_new][n_kv_heads][head_dim] of dtype, sequences in the order of seq_ids;
- *         host or device memory (`mem`).
- * Prefill (many tokens) and decode (one token) are the same call.  Errors (nothing changed):
- * KIVI_ERR_ARG (bad ids, duplicates, NULL), KIVI_ERR_CAPACITY (max_seq_len or the pool would be
- * exceeded), KIVI_ERR_NONFINITE (NaN/Inf, or |x| > 65504 after rounding to fp16). */
+/** Appends new tokens to layer `layer` of n_seqs distinct sequences.
+ * @param seq_ids  [n_seqs] host array of distinct ids
+ * @param n_new    [n_seqs] host array, n_new[i] >= 0
+ * @param k,v      [sum n_new][n_kv_heads][head_dim] of dtype, sequences in the order of
+ *                 seq_ids; host or device memory (`mem`)
+ * Prefill (many tokens) and decode (one token) are the same call; n_seqs = 0 or all n_new
+ * zero does nothing.  Errors (nothing changed): ::KIVI_ERR_ARG (bad ids, duplicates, NULL),
+ * ::KIVI_ERR_CAPACITY (max_seq_len or the pool would be exceeded), ::KIVI_ERR_NONFINITE
+ * (NaN/Inf, or |x| > 65504 after rounding to fp16). */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_append(kivi_cache *cache, int layer, int n_seqs,
                                                       const int *seq_ids, const int *n_new,
                                                       const void *k, const void *v,
                                                       kivi_dtype dtype, kivi_mem mem);
 
-/* Empties a sequence on every layer and returns its blocks to the pool. */
+/** Empties a sequence on every layer and returns its blocks to the pool. */
 KIVI_API kivi_status kivi_cache_reset_seq(kivi_cache *cache, int seq_id);
 
-/* Current length of a sequence on a layer. */
+/** Current length of a sequence on a layer. */
 KIVI_API kivi_status kivi_cache_seq_length(const kivi_cache *cache, int seq_id, int layer, int *length);
 
+/** What the live tokens of a cache cost, from kivi_cache_get_stats().  128 bytes; the library
+ * writes every member. */
 typedef struct kivi_cache_stats {
-  int64_t tokens;           /* sum of all sequence lengths over all layers */
-  size_t code_bytes;        /* packed codes of quantized tokens (K and V) */
-  size_t scale_zero_bytes;  /* fp16 scales and zeros */
-  size_t residual_bytes;    /* fp16 tokens in the residual windows */
-  size_t bookkeeping_bytes; /* block tables and lengths of the sequences in use */
-  size_t total_bytes;       /* the sum of the four above: what the live tokens cost */
-  size_t fp16_bytes;        /* the same tokens stored as plain fp16 K and V */
-  double bits_per_element;  /* total_bytes * 8 / (2 * tokens * n_kv_heads * head_dim) */
-  size_t allocated_bytes;   /* device memory held by the cache (pool, windows, tables) */
-  int64_t free_blocks;      /* R-token blocks still free in the pool */
+  int64_t tokens;           /**< sum of all sequence lengths over all layers */
+  size_t code_bytes;        /**< packed codes of quantized tokens (K and V) */
+  size_t scale_zero_bytes;  /**< fp16 scales and zeros */
+  size_t residual_bytes;    /**< fp16 tokens in the residual windows */
+  size_t bookkeeping_bytes; /**< block tables and lengths of the sequences in use */
+  size_t total_bytes;       /**< the sum of the four above: what the live tokens cost */
+  size_t fp16_bytes;        /**< the same tokens stored as plain fp16 K and V */
+  double bits_per_element;  /**< total_bytes * 8 / (2 * tokens * n_kv_heads * head_dim) */
+  size_t allocated_bytes;   /**< device memory held by the cache (pool, windows, tables) */
+  int64_t free_blocks;      /**< R-token blocks still free, summed over the layers' pools */
+  int64_t total_blocks;     /**< R-token blocks of the layers' pools, summed over the layers
+                                 (each layer's pool holds ceil(pool_tokens / R) of them) */
+  int64_t reserved[5];      /**< written as 0; later versions may report more here */
 } kivi_cache_stats;
 
+/** Fills `stats`; ::KIVI_ERR_ARG for NULL arguments. */
 KIVI_API kivi_status kivi_cache_get_stats(const kivi_cache *cache, kivi_cache_stats *stats);
 
-/* The live state of one sequence on one layer in the packed format (docs/FORMAT.md):
+/** The live state of one sequence on one layer in the packed format (docs/FORMAT.md):
  *   for each kv-head h:
- *     K codes   [Lk][kw] u32   Lk = L - L mod R quantized keys, kw = head_dim * k_bits / 32
- *     K scale/zero [Lk/G][2][head_dim] fp16 (absent when k_bits = 16)
- *     V codes   [Lv][vw] u32   Lv = max(0, L - R) quantized values
- *     V scale/zero [Lv][head_dim/G][2] fp16 (absent when v_bits = 16)
- *     K residual [L - Lk][head_dim] fp16, oldest first
- *     V residual [L - Lv][head_dim] fp16, oldest first
- * kivi_cache_export_seq with buf == NULL stores the size in *bytes.  Equal exports mean equal
- * caches: the conformance tests compare them across append splits and devices. */
+ *   - K codes   [Lk][kw] u32   Lk = L - L mod R quantized keys, kw = head_dim * k_bits / 32
+ *   - K scale/zero [Lk/G][2][head_dim] fp16 (absent when k_bits = 16)
+ *   - V codes   [Lv][vw] u32   Lv = max(0, L - R) quantized values
+ *   - V scale/zero [Lv][head_dim/G][2] fp16 (absent when v_bits = 16)
+ *   - K residual [L - Lk][head_dim] fp16, oldest first
+ *   - V residual [L - Lv][head_dim] fp16, oldest first
+ *
+ * @param buf    NULL to ask for the size, or a buffer of *bytes bytes
+ * @param bytes  in: the buffer's size; out: the size of the state.  On ::KIVI_ERR_BUFFER (the
+ *               buffer is smaller than the state) *bytes receives the size needed and the
+ *               buffer is not written.
+ * Equal exports mean equal caches: the conformance tests compare them across append splits and
+ * devices. */
 KIVI_API kivi_status kivi_cache_export_seq(const kivi_cache *cache, int seq_id, int layer,
                                            void *buf, size_t *bytes);
+/** @} */
 
-/* ---- checkpoint / restore (docs/CHECKPOINT.md) ------------------------------------------ *
+/* ---- checkpoint / restore (docs/CHECKPOINT.md) ------------------------------------------ */
+
+/** @name Checkpoint and restore (docs/CHECKPOINT.md)
  * A checkpoint holds the packed state of one sequence or of every non-empty sequence, with the
  * cache geometry and a CRC-32; it can be restored into any cache of the same geometry on any
  * device (GPU or host), giving bit-identical state.  Loading validates everything first: a
- * truncated, corrupted, wrong-version or wrong-geometry checkpoint, or one that does not fit
- * the pool, returns a status and leaves the target cache untouched. */
+ * truncated, corrupted or wrong-version checkpoint is ::KIVI_ERR_FORMAT, a wrong geometry
+ * ::KIVI_ERR_MISMATCH, one that does not fit (a record's length beyond max_seq_len, a sequence
+ * id beyond max_seqs, more blocks than the pool has) ::KIVI_ERR_CAPACITY; the target cache is
+ * then untouched.
+ * @{ */
 
-#define KIVI_ALL_SEQS (-1)
+#define KIVI_ALL_SEQS (-1) /**< every non-empty sequence of a cache (save, load) */
 
-/* seq_id: one sequence, or KIVI_ALL_SEQS.  buf == NULL stores the size in *bytes. */
+/** Writes a checkpoint of one sequence (seq_id) or of every non-empty one (::KIVI_ALL_SEQS).
+ * @param buf    NULL to ask for the size, or a buffer of *bytes bytes
+ * @param bytes  in: the buffer's size; out: the checkpoint's size.  On ::KIVI_ERR_BUFFER
+ *               *bytes receives the size needed and the buffer is not written. */
 KIVI_API kivi_status kivi_cache_save(const kivi_cache *cache, int seq_id, void *buf, size_t *bytes);
-/* seq_id: KIVI_ALL_SEQS replaces the whole cache (sequences absent from the checkpoint become
- * empty, ids as saved); a sequence id loads a one-sequence checkpoint into that slot. */
+/** Restores a checkpoint.  seq_id ::KIVI_ALL_SEQS replaces the whole cache (sequences absent
+ * from the checkpoint become empty, ids as saved); a sequence id loads a one-sequence
+ * checkpoint into that slot (a checkpoint with another number of records is ::KIVI_ERR_ARG). */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load(kivi_cache *cache, int seq_id, const void *buf, size_t bytes);
-/* The same through a file (written to PATH.tmp, then renamed). */
+/** kivi_cache_save() to a file (written to PATH.tmp, then renamed); ::KIVI_ERR_IO. */
 KIVI_API kivi_status kivi_cache_save_file(const kivi_cache *cache, int seq_id, const char *path);
+/** kivi_cache_load() from a file; ::KIVI_ERR_IO when it cannot be read. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int seq_id, const char *path);
+/** @} */
 
-/* ---- attention ------------------------------------------------------------------------- *
+/* ---- attention ------------------------------------------------------------------------- */
+
+/** @name Attention
  * n_q_heads must be a multiple of n_kv_heads (MHA, GQA, MQA); q head h reads kv-head
- * h / (n_q_heads / n_kv_heads).  softmax_scale is usually 1/sqrt(head_dim).  Accumulation is
- * fp32 with one softmax over the quantized and the residual tokens together. */
+ * h / (n_q_heads / n_kv_heads).  softmax_scale must be finite and > 0 (usually
+ * 1/sqrt(head_dim); ::KIVI_ERR_ARG otherwise).  Accumulation is fp32 with one softmax over the
+ * quantized and the residual tokens together.
+ * @{ */
 
 /* Kernels that computed the last successful attention call of a cache (a bit mask), so a caller
  * can tell which code path and accuracy class produced a result. */
-#define KIVI_KERNEL_PORTABLE 1u  /* the portable OpenMP kernel (GPU or host threads), fp32 */
-#define KIVI_KERNEL_GPU_F16X2 2u /* the GPU f16x2 kernel (KIVI_ATTENTION_FAST, 2- or 4-bit, head_dim 128, G 32):
-                                  * a whole decode call, or the quantized part of an extend call */
-#define KIVI_KERNEL_GPU_GQA 4u   /* with KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core variant
-                                  * for 4 query heads per kv-head, one block per (row, kv-head, split),
-                                  * chosen for 32 or more (row, kv-head) pairs whose blocks fill the GPU */
+#define KIVI_KERNEL_PORTABLE 1u  /**< the portable OpenMP kernel (GPU or host threads), fp32 */
+#define KIVI_KERNEL_GPU_F16X2 2u /**< the GPU f16x2 kernel (::KIVI_ATTENTION_FAST, 2- or 4-bit, head_dim 128,
+                                  * G 32): a whole decode call, or the quantized part of an extend call */
+#define KIVI_KERNEL_GPU_GQA 4u   /**< with ::KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core
+                                  * variant for 4 query heads per kv-head, one block per (row, kv-head,
+                                  * split), chosen for 32 or more (row, kv-head) pairs whose blocks fill the GPU */
+/** The kernels (KIVI_KERNEL_* bits) that computed the cache's last successful attention call. */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
-/* Decode: one query token per sequence over everything in the cache for that sequence
+/** Decode: one query token per sequence over everything in the cache for that sequence
  * (append the token's own K/V first).
- *   q:   [n_seqs][n_q_heads][head_dim] fp32, host or device (`mem`)
- *   out: [n_seqs][n_q_heads][head_dim] of out_dtype (KIVI_F32 or KIVI_F16), host or device
- * A sequence of length 0 is KIVI_ERR_ARG. */
+ * @param q    [n_seqs][n_q_heads][head_dim] fp32, host or device (`mem`)
+ * @param out  [n_seqs][n_q_heads][head_dim] of out_dtype (::KIVI_F32 or ::KIVI_F16), host or device
+ * A sequence of length 0 is ::KIVI_ERR_ARG. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_attention_decode(kivi_cache *cache, int layer, int n_seqs,
                                                           const int *seq_ids, int n_q_heads,
                                                           const float *q, float softmax_scale,
                                                           void *out, kivi_dtype out_dtype,
                                                           kivi_mem mem);
 
-/* Extend (chunked prefill): q_lens[i] >= 1 new tokens of sequence seq_ids[i] attend to the L
+/** Extend (chunked prefill): q_lens[i] >= 1 new tokens of sequence seq_ids[i] attend to the L
  * tokens already in the cache and, causally, to the new tokens given here in full precision
- * (new token j sees new tokens 0..j).  Call kivi_cache_append with the same K/V afterwards.
- *   q:     [sum q_lens][n_q_heads][head_dim] fp32
- *   k_new, v_new: [sum q_lens][n_kv_heads][head_dim] fp32
- *   out:   [sum q_lens][n_q_heads][head_dim] fp32
- *   lse:   NULL or [sum q_lens][n_q_heads] fp32, the natural-log log-sum-exp of the scaled
- *          logits of each row
+ * (new token j sees new tokens 0..j).  Call kivi_cache_append() with the same K/V afterwards.
+ * @param q             [sum q_lens][n_q_heads][head_dim] fp32
+ * @param k_new,v_new   [sum q_lens][n_kv_heads][head_dim] fp32
+ * @param out           [sum q_lens][n_q_heads][head_dim] fp32
+ * @param lse           NULL or [sum q_lens][n_q_heads] fp32, the natural-log log-sum-exp of the
+ *                      scaled logits of each row
  * All host or all device (`mem`). */
 KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int layer, int n_seqs,
                                                           const int *seq_ids, const int *q_lens,
@@ -283,8 +373,11 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
                                                           const float *k_new, const float *v_new,
                                                           float softmax_scale, float *out,
                                                           float *lse, kivi_mem mem);
+/** @} */
 
-/* ---- asynchronous execution ------------------------------------------------------------ *
+/* ---- asynchronous execution ------------------------------------------------------------ */
+
+/** @name Asynchronous execution
  * The _async variants take the same arguments as the synchronous calls and validate them the
  * same way: an invalid call returns its status at once and enqueues nothing.  A valid call on a
  * GPU context enqueues its device work (OpenMP target tasks on the cache's device) and returns
@@ -302,12 +395,12 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *     at once.
  *   - Inputs in host memory are copied at the call: the caller may reuse them at once.  Inputs
  *     in device memory must stay unchanged, and outputs must not be read, until the work is done.
- *   - Outputs (to host or device memory) are written when kivi_cache_wait returns.
+ *   - Outputs (to host or device memory) are written when kivi_cache_wait() returns.
  *   - A host-memory input of an append is checked at the call (as it is copied): NaN/Inf there
- *     fails the call itself with KIVI_ERR_NONFINITE, and nothing is enqueued.  A device-memory
+ *     fails the call itself with ::KIVI_ERR_NONFINITE, and nothing is enqueued.  A device-memory
  *     input is checked on the device.
  *   - kivi_cache_wait(cache) waits for everything enqueued on the cache and reports what went
- *     wrong at run time: KIVI_ERR_NONFINITE if an enqueued append held NaN/Inf (or |x| > 65504)
+ *     wrong at run time: ::KIVI_ERR_NONFINITE if an enqueued append held NaN/Inf (or |x| > 65504)
  *     in device memory.
  *     That append and every append enqueued after it on the same layer then had no effect: the
  *     layer is as it was before the failed append, and the outputs of the attention calls
@@ -322,32 +415,40 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend(kivi_cache *cache, int
  *     the caller creates with depend(out: d[0]) or depend(inout: d[0]) (say, a kernel writing
  *     q) runs after all the library's earlier enqueued work and before all its later work; one
  *     with depend(in: d[0]) (reading an output) after all the earlier work.
- *     OpenMP orders only sibling tasks: enqueue, name the dependence and wait from one thread.
- *   - Lengths and statistics (kivi_cache_seq_length, kivi_cache_get_stats) count an enqueued
- *     append at once; a failed one is taken back by the wait that reports it.
+ *     OpenMP orders only sibling tasks: enqueue, name the dependence and wait from one thread,
+ *     and use the OpenMP runtime the library uses (LLVM's libomp for an offloading build).
+ *   - Lengths and statistics (kivi_cache_seq_length(), kivi_cache_get_stats()) count an
+ *     enqueued append at once; a failed one is taken back by the wait that reports it.
  *   - On a host context (and in builds without offload) the _async calls run synchronously and
- *     return the call's status; kivi_cache_wait then has nothing to wait for.
+ *     return the call's status; kivi_cache_wait() then has nothing to wait for.
+ *
  * Enqueued work holds scratch memory (each lane its own); a call that needs more than its lane
- * has waits for the enqueued work before growing it (the first call of a larger shape). */
+ * has waits for the enqueued work before growing it (the first call of a larger shape).
+ * @{ */
+
+/** kivi_cache_append(), enqueued. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_append_async(kivi_cache *cache, int layer, int n_seqs,
                                                             const int *seq_ids, const int *n_new,
                                                             const void *k, const void *v,
                                                             kivi_dtype dtype, kivi_mem mem);
+/** kivi_attention_decode(), enqueued. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_attention_decode_async(kivi_cache *cache, int layer, int n_seqs,
                                                                 const int *seq_ids, int n_q_heads,
                                                                 const float *q, float softmax_scale,
                                                                 void *out, kivi_dtype out_dtype,
                                                                 kivi_mem mem);
+/** kivi_attention_extend(), enqueued. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend_async(kivi_cache *cache, int layer, int n_seqs,
                                                                 const int *seq_ids, const int *q_lens,
                                                                 int n_q_heads, const float *q,
                                                                 const float *k_new, const float *v_new,
                                                                 float softmax_scale, float *out,
                                                                 float *lse, kivi_mem mem);
-/* Waits for all work enqueued on the cache; KIVI_OK, or the first run-time error (see above). */
+/** Waits for all work enqueued on the cache; ::KIVI_OK, or the first run-time error (see above). */
 KIVI_API kivi_status kivi_cache_wait(kivi_cache *cache);
-/* The address the cache's enqueued regions name in their depend clauses; NULL for NULL. */
+/** The address the cache's enqueued regions name in their depend clauses; NULL for NULL. */
 KIVI_API void *kivi_cache_dependence(kivi_cache *cache);
+/** @} */
 
 #ifdef __cplusplus
 }

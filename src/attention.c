@@ -236,13 +236,15 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   return p;
 }
 
-/* Common argument checks of decode and extend. */
+/* Common argument checks of decode and extend.  A call with n_seqs = 0 passes them with any
+ * pointers (NULL too) and then does nothing. */
 static kivi_status check_common(const kivi_cache *c, int layer, int n_seqs, const int *seq_ids,
                                 int n_q_heads, const void *q, const void *out, float scale, kivi_mem mem) {
-  if (!c || layer < 0 || layer >= c->cfg.n_layers || !q || !out) return KIVI_ERR_ARG;
+  if (!c || layer < 0 || layer >= c->cfg.n_layers) return KIVI_ERR_ARG;
   if (mem != KIVI_MEM_HOST && mem != KIVI_MEM_DEVICE) return KIVI_ERR_ARG;
   if (n_q_heads < 1 || n_q_heads % c->cfg.n_kv_heads) return KIVI_ERR_ARG;
-  if (!isfinite(scale) || scale == 0.0f) return KIVI_ERR_ARG;
+  if (!isfinite(scale) || !(scale > 0.0f)) return KIVI_ERR_ARG;
+  if (n_seqs > 0 && (!q || !out)) return KIVI_ERR_ARG;
   return kivi_check_seq_ids(c, n_seqs, seq_ids);
 }
 
@@ -257,6 +259,7 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
   kivi_status st = check_common(c, layer, n_seqs, seq_ids, n_q_heads, q, out, scale, mem);
   if (st) return st;
   if (out_dtype != KIVI_F32 && out_dtype != KIVI_F16) return KIVI_ERR_ARG;
+  if (n_seqs == 0) return KIVI_OK;
   int64_t *hd = malloc((size_t)R_NCOLS * n_seqs * 8);
   if (!hd) return KIVI_ERR_NOMEM;
   for (int i = 0; i < n_seqs; ++i) {
@@ -312,6 +315,7 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
                                float *out, float *lse, kivi_mem mem, int async) {
   kivi_status st = check_common(c, layer, n_seqs, seq_ids, n_q_heads, q, out, scale, mem);
   if (st) return st;
+  if (n_seqs == 0) return KIVI_OK;
   if (!q_lens || !k_new || !v_new) return KIVI_ERR_ARG;
   int64_t rows = 0;
   for (int i = 0; i < n_seqs; ++i) {

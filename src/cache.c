@@ -42,21 +42,50 @@ void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads
 
 static int bits_ok(int b) { return b == 2 || b == 4 || b == 8 || b == 16; }
 
-kivi_status kivi_cache_config_check(const kivi_cache_config *c) {
-  if (!c) return KIVI_ERR_ARG;
-  if (c->n_layers < 1 || c->n_kv_heads < 1 || c->head_dim < 1 || c->max_seqs < 1 ||
-      c->max_seq_len < 1 || c->pool_tokens < 0 || c->group < 1 || c->residual < 1)
-    return KIVI_ERR_ARG;
-  if (c->n_layers > 4096 || c->n_kv_heads > KIVI_MAX_KV_HEADS || c->max_seqs > (1 << 20)) return KIVI_ERR_ARG;
-  if (!bits_ok(c->k_bits) || !bits_ok(c->v_bits)) return KIVI_ERR_UNSUPPORTED;
-  if (c->head_dim % 32 || c->head_dim < KIVI_MIN_HEAD_DIM || c->head_dim > KIVI_MAX_HEAD_DIM)
-    return KIVI_ERR_UNSUPPORTED;
-  if (c->group != 32 && c->group != 64 && c->group != 128) return KIVI_ERR_UNSUPPORTED;
-  if (c->head_dim % c->group) return KIVI_ERR_UNSUPPORTED;
-  if (c->residual % c->group || c->residual > KIVI_MAX_RESIDUAL) return KIVI_ERR_UNSUPPORTED;
-  if (c->attention != KIVI_ATTENTION_FAST && c->attention != KIVI_ATTENTION_FP32) return KIVI_ERR_ARG;
-  if (c->async_lanes < 0 || c->async_lanes > KIVI_MAX_ASYNC_LANES) return KIVI_ERR_ARG;
+/* The first rule a configuration breaks: its status, and a static sentence naming the field. */
+static kivi_status config_verdict(const kivi_cache_config *c, const char **why) {
+#define KIVI_RULE(bad, status, text) \
+  if (bad) {                         \
+    *why = text;                     \
+    return status;                   \
+  }
+  KIVI_RULE(!c, KIVI_ERR_ARG, "the configuration is NULL");
+  KIVI_RULE(c->n_layers < 1 || c->n_layers > 4096, KIVI_ERR_ARG, "n_layers must be 1..4096");
+  KIVI_RULE(c->n_kv_heads < 1 || c->n_kv_heads > KIVI_MAX_KV_HEADS, KIVI_ERR_ARG, "n_kv_heads must be 1..4096");
+  KIVI_RULE(c->head_dim < 1, KIVI_ERR_ARG, "head_dim must be positive");
+  KIVI_RULE(c->max_seqs < 1 || c->max_seqs > (1 << 20), KIVI_ERR_ARG, "max_seqs must be 1..2^20");
+  KIVI_RULE(c->max_seq_len < 1, KIVI_ERR_ARG, "max_seq_len must be positive");
+  KIVI_RULE(c->pool_tokens < 0, KIVI_ERR_ARG, "pool_tokens must be 0 (automatic) or positive");
+  KIVI_RULE(c->group < 1, KIVI_ERR_ARG, "group must be positive");
+  KIVI_RULE(c->residual < 1, KIVI_ERR_ARG, "residual must be positive");
+  KIVI_RULE(c->attention != KIVI_ATTENTION_FAST && c->attention != KIVI_ATTENTION_FP32, KIVI_ERR_ARG,
+            "attention must be KIVI_ATTENTION_FAST or KIVI_ATTENTION_FP32");
+  KIVI_RULE(c->async_lanes < 0 || c->async_lanes > KIVI_MAX_ASYNC_LANES, KIVI_ERR_ARG, "async_lanes must be 0..8");
+  int reserved_set = 0;
+  for (size_t i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; ++i) reserved_set |= c->reserved[i] != 0;
+  KIVI_RULE(reserved_set, KIVI_ERR_ARG, "reserved members must be zero (start from kivi_cache_config_init)");
+  KIVI_RULE(!bits_ok(c->k_bits), KIVI_ERR_UNSUPPORTED, "k_bits must be 2, 4, 8 or 16");
+  KIVI_RULE(!bits_ok(c->v_bits), KIVI_ERR_UNSUPPORTED, "v_bits must be 2, 4, 8 or 16");
+  KIVI_RULE(c->head_dim % 32 || c->head_dim < KIVI_MIN_HEAD_DIM || c->head_dim > KIVI_MAX_HEAD_DIM,
+            KIVI_ERR_UNSUPPORTED, "head_dim must be a multiple of 32 from 32 to 256");
+  KIVI_RULE(c->group != 32 && c->group != 64 && c->group != 128, KIVI_ERR_UNSUPPORTED, "group must be 32, 64 or 128");
+  KIVI_RULE(c->head_dim % c->group, KIVI_ERR_UNSUPPORTED, "group must divide head_dim");
+  KIVI_RULE(c->residual % c->group || c->residual > KIVI_MAX_RESIDUAL, KIVI_ERR_UNSUPPORTED,
+            "residual must be a multiple of group, at most 1024");
+#undef KIVI_RULE
+  *why = "";
   return KIVI_OK;
+}
+
+kivi_status kivi_cache_config_check(const kivi_cache_config *c) {
+  const char *why;
+  return config_verdict(c, &why);
+}
+
+const char *kivi_cache_config_reason(const kivi_cache_config *c) {
+  const char *why;
+  (void)config_verdict(c, &why);
+  return why;
 }
 
 /* ---- create / destroy ---- */
@@ -154,7 +183,7 @@ kivi_status kivi_cache_get_config(const kivi_cache *c, kivi_cache_config *cfg) {
 }
 
 kivi_status kivi_check_seq_ids(const kivi_cache *c, int n_seqs, const int *ids) {
-  if (n_seqs < 1 || !ids) return KIVI_ERR_ARG;
+  if (n_seqs < 0 || (n_seqs > 0 && !ids)) return KIVI_ERR_ARG;
   for (int i = 0; i < n_seqs; ++i) {
     if (ids[i] < 0 || ids[i] >= c->cfg.max_seqs) return KIVI_ERR_ARG;
     for (int j = 0; j < i; ++j)
@@ -297,11 +326,13 @@ void kivi_append_rollback(kivi_cache *c, int layer, int n_seqs, const int *seq_i
 /* async: enqueue the kernels (GPU contexts), update the host side at once, no read-back. */
 static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new,
                                const void *k, const void *v, kivi_dtype dtype, kivi_mem mem, int async) {
-  if (!c || layer < 0 || layer >= c->cfg.n_layers || !n_new) return KIVI_ERR_ARG;
+  if (!c || layer < 0 || layer >= c->cfg.n_layers) return KIVI_ERR_ARG;
   if (dtype != KIVI_F32 && dtype != KIVI_F16 && dtype != KIVI_BF16) return KIVI_ERR_ARG;
   if (mem != KIVI_MEM_HOST && mem != KIVI_MEM_DEVICE) return KIVI_ERR_ARG;
   kivi_status st = kivi_check_seq_ids(c, n_seqs, seq_ids);
   if (st) return st;
+  if (n_seqs == 0) return KIVI_OK; /* nothing to append: seq_ids, n_new, k and v may be NULL */
+  if (!n_new) return KIVI_ERR_ARG;
   const int R = c->cfg.residual, G = c->cfg.group, H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
   const int NL = c->cfg.n_layers;
   int64_t total = 0, need_blocks = 0;
@@ -468,6 +499,7 @@ kivi_status kivi_cache_get_stats(const kivi_cache *c, kivi_cache_stats *s) {
   s->allocated_bytes = (size_t)c->n_blocks * l->block_bytes + 2 * ring +
                        (size_t)c->cfg.max_seqs * c->cfg.n_layers * (c->max_blocks ? c->max_blocks : 1) * 4;
   s->free_blocks = c->n_free;
+  s->total_blocks = c->n_blocks;
   return KIVI_OK;
 }
 
@@ -545,7 +577,10 @@ kivi_status kivi_cache_export_seq(const kivi_cache *c, int seq, int layer, void 
     *bytes = need;
     return KIVI_OK;
   }
-  if (*bytes < need) return KIVI_ERR_BUFFER;
+  if (*bytes < need) {
+    *bytes = need; /* the size needed, as for buf == NULL */
+    return KIVI_ERR_BUFFER;
+  }
   const kivi_layout *l = &c->lay;
   seq_images im;
   if (images_alloc(c, L, &im)) {

@@ -78,7 +78,10 @@ kivi_status kivi_cache_save(const kivi_cache *c, int seq_id, void *buf, size_t *
     *bytes = need;
     return KIVI_OK;
   }
-  if (*bytes < need) return KIVI_ERR_BUFFER;
+  if (*bytes < need) {
+    *bytes = need; /* the size needed, as for buf == NULL */
+    return KIVI_ERR_BUFFER;
+  }
   unsigned char *o = buf;
   memset(o, 0, CKPT_HEADER);
   memcpy(o, CKPT_MAGIC, 8);

@@ -56,6 +56,7 @@ void kivi_context_destroy(kivi_context *ctx) { free(ctx); }
 
 kivi_status kivi_context_get_info(const kivi_context *ctx, kivi_context_info *info) {
   if (!ctx || !info) return KIVI_ERR_ARG;
+  memset(info, 0, sizeof *info); /* reserved members read 0 */
   info->device = ctx->device;
   info->on_gpu = ctx->on_gpu;
   info->num_devices = ctx->num_devices;

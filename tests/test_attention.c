@@ -415,7 +415,10 @@ START_TEST(bad_arguments) {
   ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 4, q, 1, out, KIVI_BF16, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &empty, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_attention_decode(c, 0, 2, two, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
-  ck_assert_int_eq(kivi_attention_decode(c, 0, 0, &id, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, -1, &id, 4, q, 1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 4, q, -1, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, 1, &id, 4, q, 0, out, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, &ql, 4, q, k, v, -0.5f, out, NULL, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, &ql0, 4, q, k, v, 1, out, NULL, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, &ql, 4, q, NULL, v, 1, out, NULL, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_attention_extend(c, 0, 1, &id, NULL, 4, q, k, v, 1, out, NULL, KIVI_MEM_HOST), KIVI_ERR_ARG);

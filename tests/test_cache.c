@@ -76,7 +76,7 @@ START_TEST(rejected_calls_change_nothing) {
   ck_assert_int_eq(kivi_cache_append(NULL, 0, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_cache_append(c, 2, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_cache_append(c, -1, 2, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
-  ck_assert_int_eq(kivi_cache_append(c, 0, 0, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_append(c, 0, -1, ids, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_cache_append(c, 0, 2, NULL, n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, NULL, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);
   ck_assert_int_eq(kivi_cache_append(c, 0, 2, ids, n, NULL, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_ARG);

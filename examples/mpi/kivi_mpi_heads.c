@@ -44,7 +44,8 @@ int main(int argc, char **argv) {
   }
   /* this rank's device: rank mod visible GPUs, or host threads */
   kivi_context *ctx = NULL;
-  kivi_context_info info = {0, 0, 0};
+  kivi_context_info info;
+  memset(&info, 0, sizeof info);
   int device = KIVI_DEVICE_HOST;
   if (!host && kivi_context_create(&ctx, KIVI_DEVICE_DEFAULT) == KIVI_OK && !kivi_context_get_info(ctx, &info) &&
       info.on_gpu && info.num_devices > 0)
