@@ -25,6 +25,14 @@
 #include "../tests/ref/kivi_ref.h"
 #include "kivi.h"
 #include "../examples/kivi_stack.h"
+#include "../examples/kivi_cli.h"
+
+static const char bench_usage[] =
+    "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
+    "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS] [--help] [--version]\n"
+    "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
+    "results against a double-precision reference, and prints one table line per shape (stdout,\n"
+    "flushed as it goes; progress on stderr).  On host threads the default shapes are reduced.\n";
 
 #define TRY(call)                                                                          \
   do {                                                                                     \
@@ -165,6 +173,9 @@ int main(int argc, char **argv) {
   int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, skip_decode = 0, sweep = 0, stack_layers = 0;
   shape one = {0, 0, 0};
   int kv_heads = 0; /* --kv-heads: GQA, query heads = H of the shape */
+  const int info_rc = kivi_cli_info(argc, argv, "kivi-bench", kivi_version_string(), bench_usage);
+  if (info_rc >= 0) return info_rc;
+  setvbuf(stdout, NULL, _IOLBF, 0); /* table lines appear as they are measured */
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
@@ -180,10 +191,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[++i], "%d,%d,%d", &one.B, &one.H, &one.S) == 3 &&
              one.B > 0 && one.H > 0 && one.S > 0) {
     }
-    else {
-      fprintf(stderr, "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS]\n");
-      return 2;
-    }
+    else
+      return kivi_cli_bad("kivi-bench", "unknown option, or a missing or bad value, at", argv[i]);
   }
   if (reps < 1) reps = 1;
   if (quick && reps > 5) reps = 5;

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kivi.h"
+#include "kivi_cli.h"
 #include "kivi_stack.h"
 
 #define CHECK(call)                                                                      \
@@ -40,26 +41,29 @@ int main(int argc, char **argv) {
   stack_shape s = {30, 32, 32, 128, 1, 4096, 20, 2, KIVI_MAX_ASYNC_LANES, 0};
   int device = KIVI_DEVICE_DEFAULT;
   const char *json = NULL;
+  static const char usage[] =
+      "usage: kivi_layers [--layers N] [--heads N] [--kv-heads N] [--head-dim N] [--context N]\n"
+      "                   [--batch N] [--steps N] [--bits 2|4|8|16] [--lanes 1..8] [--chain 0|1]\n"
+      "                   [--device default|host|N] [--json F] [--help] [--version]\n"
+      "A decode step over many layers with the synchronous and the asynchronous calls, side by side.\n";
+  const int info_rc = kivi_cli_info(argc, argv, "kivi_layers", kivi_version_string(), usage);
+  if (info_rc >= 0) return info_rc;
+  setvbuf(stdout, NULL, _IOLBF, 0);
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int *iv = !strcmp(a, "--layers") ? &s.layers : !strcmp(a, "--heads") ? &s.HQ : !strcmp(a, "--kv-heads") ? &s.H
             : !strcmp(a, "--head-dim") ? &s.D : !strcmp(a, "--context") ? &s.context : !strcmp(a, "--batch") ? &s.batch
             : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits : !strcmp(a, "--lanes") ? &s.lanes
             : !strcmp(a, "--chain") ? &s.chain : NULL;
-    if (!v || (!iv && strcmp(a, "--device") && strcmp(a, "--json"))) {
-      fprintf(stderr, "usage: kivi_layers [--layers N] [--heads N] [--kv-heads N] [--head-dim N] [--context N]\n"
-                      "                   [--batch N] [--steps N] [--bits 2|4|8|16] [--lanes 1..8] [--chain 0|1]\n"
-                      "                   [--device default|host|N] [--json F]\n");
-      return 2;
-    }
+    if (!iv && strcmp(a, "--device") && strcmp(a, "--json")) return kivi_cli_bad("kivi_layers", "unknown option", a);
+    if (!v) return kivi_cli_bad("kivi_layers", "missing value after", a);
     ++i;
     if (iv) *iv = atoi(v);
     else if (!strcmp(a, "--json")) json = v;
     else device = !strcmp(v, "host") ? KIVI_DEVICE_HOST : !strcmp(v, "default") ? KIVI_DEVICE_DEFAULT : atoi(v);
   }
   if (s.layers < 1 || s.HQ < 1 || s.H < 1 || s.HQ % s.H || s.context < 1 || s.batch < 1 || s.steps < 1) {
-    fprintf(stderr, "kivi_layers: bad sizes\n");
-    return 2;
+    return kivi_cli_bad("kivi_layers", "bad sizes: need layers, heads, kv-heads (dividing heads), context, batch, steps >= 1;", "see");
   }
   kivi_context *ctx = NULL;
   CHECK(kivi_context_create(&ctx, device));

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kivi_cli.h"
 #include "kivi_split.h"
 
 #define SPLIT_REL_TOL_FP32 1e-5 /* portable kernel: fp32 accumulation, only the split order differs */
@@ -157,6 +158,15 @@ int main(int argc, char **argv) {
   split_shape s = {32, 32, 32, 128, 1, 4096, 10, 2};
   int parts = 0, host = 0, scaling = 0, max_parts = 8;
   const char *json = NULL;
+  static const char usage[] =
+      "usage: kivi_multi_device [--parts N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]\n"
+      "  [--context N] [--batch N] [--steps N] [--bits B] [--host] [--scaling] [--max-parts N]\n"
+      "  [--json FILE] [--help] [--version]\n"
+      "A model-shaped stack with its kv-heads split over every visible GPU, checked against one device;\n"
+      "--scaling times strong and weak scaling over 1, 2, 4, ... parts.\n";
+  const int info_rc = kivi_cli_info(argc, argv, "kivi_multi_device", kivi_version_string(), usage);
+  if (info_rc >= 0) return info_rc;
+  setvbuf(stdout, NULL, _IOLBF, 0);
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--host")) { host = 1; continue; }
@@ -165,20 +175,15 @@ int main(int argc, char **argv) {
             : !strcmp(a, "--kv-heads") ? &s.H : !strcmp(a, "--head-dim") ? &s.D : !strcmp(a, "--context") ? &s.context
             : !strcmp(a, "--batch") ? &s.batch : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits
             : !strcmp(a, "--max-parts") ? &max_parts : NULL;
-    if (!v || (!iv && strcmp(a, "--json"))) {
-      fprintf(stderr, "usage: kivi_multi_device [--parts N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]\n"
-                      "  [--context N] [--batch N] [--steps N] [--bits B] [--host] [--scaling] [--max-parts N]\n"
-                      "  [--json FILE]\n");
-      return 2;
-    }
+    if (!iv && strcmp(a, "--json")) return kivi_cli_bad("kivi_multi_device", "unknown option", a);
+    if (!v) return kivi_cli_bad("kivi_multi_device", "missing value after", a);
     ++i;
     if (iv) *iv = atoi(v);
     else json = v;
   }
   if (s.layers < 1 || s.H < 1 || s.HQ % s.H || s.batch < 1 || s.batch > 256 || s.steps < 1 || s.context < 1 ||
       max_parts < 1 || max_parts > 64) {
-    fprintf(stderr, "kivi_multi_device: bad sizes\n");
-    return 2;
+    return kivi_cli_bad("kivi_multi_device", "bad sizes (layers, kv-heads dividing heads, batch 1..256, steps, context >= 1, max-parts 1..64):", "see");
   }
   kivi_context *probe = NULL;
   kivi_context_info info;

@@ -20,6 +20,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "unknown" /* configure compiles this file alone for its probe */
+#endif
+#include "../examples/kivi_cli.h"
+
+static const char usage[] =
+    "usage: kivi-cubin-fix [--check] FILE...\n"
+    "Rewrites the ELF header of CUDA >= 13 device images (cubins) embedded in FILE so that the\n"
+    "OpenMP offload runtime of LLVM < 21.1 loads them (llvm-project #159088); run it on every\n"
+    "executable or library with OpenMP target regions of its own built with CUDA 13 and LLVM 19/20.\n"
+    "  --check   change nothing: exit 0 if every image is in the old ABI, 3 if one needs the fix\n"
+    "Exit 4: FILE holds no CUDA image; 2: usage or I/O error.\n";
+
 enum { EM_CUDA = 190, EI_OSABI = 7, EI_ABIVERSION = 8, E_MACHINE = 18, E_FLAGS = 48,
        OSABI_CUDA_OLD = 51, ABI_OLD = 7, ABI_NEW = 8 };
 
@@ -73,11 +89,12 @@ static int process(const char *path, int patch, int *n_old, int *n_new) {
 }
 
 int main(int argc, char **argv) {
+  const int info_rc = kivi_cli_info(argc, argv, "kivi-cubin-fix", PACKAGE_VERSION, usage);
+  if (info_rc >= 0) return info_rc;
   int check = argc > 1 && strcmp(argv[1], "--check") == 0;
-  if (argc < 2 + check) {
-    fprintf(stderr, "usage: kivi-cubin-fix [--check] FILE...\n");
-    return 2;
-  }
+  if (argc < 2 + check) return kivi_cli_bad("kivi-cubin-fix", "missing", "FILE");
+  for (int a = 1 + check; a < argc; ++a)
+    if (argv[a][0] == '-') return kivi_cli_bad("kivi-cubin-fix", "unknown option", argv[a]);
   int worst = 0;
   for (int a = 1 + check; a < argc; ++a) {
     int n_old = 0, n_new = 0, rc = process(argv[a], !check, &n_old, &n_new);

@@ -7,6 +7,13 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "../kivi_cli.h"
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "unknown"
+#endif
 
 static const char *type_name(uint32_t t) {
   switch (t) {
@@ -30,10 +37,13 @@ static const char *type_name(uint32_t t) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "--tensors"))) {
-    fprintf(stderr, "usage: kivi_gguf_info MODEL.gguf [--tensors]\n");
-    return 2;
-  }
+  static const char usage[] = "usage: kivi_gguf_info MODEL.gguf [--tensors] [--help] [--version]\n"
+                              "Validates a GGUF file and prints its Llama geometry (and its tensors).\n";
+  const int info_rc = kivi_cli_info(argc, argv, "kivi_gguf_info", PACKAGE_VERSION, usage);
+  if (info_rc >= 0) return info_rc;
+  if (argc < 2) return kivi_cli_bad("kivi_gguf_info", "missing", "MODEL.gguf");
+  if (argv[1][0] == '-') return kivi_cli_bad("kivi_gguf_info", "unknown option", argv[1]);
+  if (argc > 3 || (argc == 3 && strcmp(argv[2], "--tensors"))) return kivi_cli_bad("kivi_gguf_info", "unknown option", argv[argc - 1]);
   gguf_file f;
   char err[512];
   if (gguf_open(argv[1], &f, err, sizeof err)) {

@@ -21,6 +21,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "../kivi_cli.h"
 
 typedef struct options {
   const char *cmd, *model, *json, *prompt, *prompt_file, *text_file, *kv, *lengths, *system;
@@ -83,9 +84,11 @@ static int parse_args(int argc, char **argv, options *o) {
   if (argc < 2) return -1;
   o->cmd = argv[1];
   if (!strcmp(o->cmd, "--help") || !strcmp(o->cmd, "-h")) return 1;
+  if (!strcmp(o->cmd, "--version")) return 2;
   if (strcmp(o->cmd, "generate") && strcmp(o->cmd, "ppl") && strcmp(o->cmd, "passkey") && strcmp(o->cmd, "tokenize")) {
-    fprintf(stderr, "kivi-run: unknown command '%s'\n", o->cmd);
-    return -1;
+    (void)kivi_cli_bad("kivi-run", o->cmd[0] == '-' ? "unknown option (the command comes first: generate, ppl, passkey or tokenize)"
+                                                    : "unknown command (generate, ppl, passkey or tokenize)", o->cmd);
+    return -2;
   }
   for (int i = 2; i < argc; ++i) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -138,8 +141,8 @@ static int parse_args(int argc, char **argv, options *o) {
       o->text_file = a;
       continue;
     } else {
-      fprintf(stderr, "kivi-run: unknown option '%s'\n", a);
-      return -1;
+      (void)kivi_cli_bad("kivi-run", "unknown option", a);
+      return -2;
     }
     if (!val) goto missing;
     ++i;
@@ -690,6 +693,11 @@ out:
 int main(int argc, char **argv) {
   options o;
   const int p = parse_args(argc, argv, &o);
+  if (p == 2) {
+    printf("kivi-run (libkivi-omp) %s\n", kivi_version_string());
+    return 0;
+  }
+  if (p == -2) return 2; /* the error named the option */
   if (p) {
     usage(p > 0 ? stdout : stderr);
     return p > 0 ? 0 : 2;

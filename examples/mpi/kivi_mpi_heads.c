@@ -12,12 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kivi_cli.h"
 #include "../kivi_split.h"
 
 #define MPI_REL_TOL_FP32 1e-5  /* portable kernel on both sides: fp32, only the split order differs */
 #define MPI_REL_TOL_F16X2 4e-3 /* the GPU f16x2 kernel on either side */
 
 int main(int argc, char **argv) {
+  static const char usage[] =
+      "usage: mpirun -np N kivi_mpi_heads [--layers N] [--heads N] [--kv-heads N] [--head-dim N] [--context N]\n"
+      "                                   [--batch N] [--steps N] [--bits B] [--host] [--help] [--version]\n"
+      "The kv-heads split across MPI ranks (one GPU per rank when there are GPUs), the outputs\n"
+      "gathered with MPI and checked against one process.\n";
+  const int info_rc = kivi_cli_info(argc, argv, "kivi_mpi_heads", kivi_version_string(), usage);
+  if (info_rc >= 0) return info_rc;
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -31,7 +39,7 @@ int main(int argc, char **argv) {
             : !strcmp(a, "--head-dim") ? &s.D : !strcmp(a, "--context") ? &s.context : !strcmp(a, "--batch") ? &s.batch
             : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits : NULL;
     if (!iv || !v) {
-      if (rank == 0) fprintf(stderr, "kivi_mpi_heads: unknown or incomplete option %s\n", a);
+      if (rank == 0) (void)kivi_cli_bad("kivi_mpi_heads", iv ? "missing value after" : "unknown option", a);
       MPI_Finalize();
       return 2;
     }

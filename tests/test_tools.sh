@@ -1,0 +1,34 @@
+#!/bin/sh
+# Every program of the tree follows the command-line conventions (examples/kivi_cli.h): --help
+# prints the usage on stdout and exits 0, --version prints "PROGRAM (libkivi-omp) VERSION" and
+# exits 0, an unknown option exits 2 with a message naming it.  Then kivi-info runs its checks
+# on this machine (host threads, and the GPU where there is one) and must pass them all.
+set -u
+b=${top_builddir:-.}
+E=${EXEEXT:-}
+version=$(sed -n 's/^#define KIVI_VERSION_STRING "\(.*\)"/\1/p' "$b/include/kivi_version.h")
+bad=0
+n=0
+for p in tools/kivi-info tools/kivi-cubin-fix bench/kivi-bench examples/llm/kivi-run examples/kivi_layers \
+         examples/kivi_multi_device examples/llm/kivi_gguf_info examples/mpi/kivi_mpi_heads; do
+  exe=$b/$p$E
+  [ -x "$exe" ] || { echo "($p not built here)"; continue; }
+  name=$(basename "$p")
+  out=$("$exe" --help 2>/dev/null); rc=$?
+  { [ $rc -eq 0 ] && echo "$out" | grep -q '^usage: '; } || { echo "FAIL: $p --help: exit $rc, stdout '$out'"; bad=1; }
+  out=$("$exe" --version 2>/dev/null); rc=$?
+  [ $rc -eq 0 ] && [ "$out" = "$name (libkivi-omp) $version" ] || { echo "FAIL: $p --version: exit $rc, '$out'"; bad=1; }
+  case $name in
+    kivi-run) args="generate --no-such-option" ;;
+    kivi_mpi_heads) n=$((n + 1)); continue ;; # (it reports usage errors after MPI_Init: tests/test_mpi.sh runs it)
+    *) args="--no-such-option" ;;
+  esac
+  err=$("$exe" $args 2>&1 >/dev/null); rc=$?
+  { [ $rc -eq 2 ] && echo "$err" | grep -q -- "--no-such-option"; } || { echo "FAIL: $p $args: exit $rc, stderr '$err'"; bad=1; }
+  n=$((n + 1))
+done
+echo "conventions: $n programs answer --help, --version and an unknown option as documented"
+out=$("$b/tools/kivi-info$E" 2>&1); rc=$?
+echo "$out" | sed 's/^/  /'
+{ [ $rc -eq 0 ] && echo "$out" | grep -q '^kivi-info: all checks passed$'; } || { echo "FAIL: kivi-info exit $rc"; bad=1; }
+exit $bad
