@@ -202,6 +202,11 @@ int main(int argc, char **argv) {
   on_gpu = info.on_gpu;
   const char *dev = on_gpu ? "gpu" : "host";
   printf("kivi-bench: libkivi-omp %s, %s, running on %s\n", kivi_version_string(), kivi_build_config(), dev);
+  if (!on_gpu && !quick && !one.B && !stack_layers) { /* the GPU shapes take hours on host threads */
+    quick = 1;
+    if (reps > 5) reps = 5;
+    fprintf(stderr, "kivi-bench: on host threads: the --quick shapes (--shape B,H,S for another)\n");
+  }
   FILE *js = NULL;
   if (json_path && !(js = fopen(json_path, "w"))) {
     fprintf(stderr, "kivi-bench: cannot write %s\n", json_path);
@@ -220,6 +225,7 @@ int main(int argc, char **argv) {
   for (int si = 0; si < nshapes; ++si) {
     const shape sh = shapes[si];
     const int HK = kv_heads > 0 && sh.H % kv_heads == 0 ? kv_heads : sh.H; /* kv-heads (GQA when < H) */
+    fprintf(stderr, "kivi-bench: decode shape %d/%d (B %d, H %d, S %d)\n", si + 1, nshapes, sh.B, sh.H, sh.S);
     const size_t qn = (size_t)sh.B * sh.H * D;
     if (HK != sh.H) printf("(GQA: %d query heads over %d kv-heads)\n", sh.H, HK);
     float *q = malloc(qn * 4), *out = malloc(qn * 4);

@@ -6,7 +6,9 @@
 # KIVI_TEST_EXPECT_GPU=1 makes the tests fail if their context is not on the GPU.
 # The test programs link Check's libsubunit.so.0, which the GPU machine lacks: copy it into
 # BUILD_DIR/.libs before sending the tree (cp -L /lib/x86_64-linux-gnu/libsubunit.so.0 BUILD/.libs/);
-# this script stops with that advice when it is missing.
+# this script stops with that advice when it is missing.  The Fortran test needs gfortran's
+# runtime (libgfortran.so.5, libquadmath.so.0) there too; without them it fails, so copy them
+# into BUILD_DIR/.libs as well.
 set -u
 b=$1; out=$2; shift 2
 if ! ldconfig -p | grep -q libsubunit.so.0 && [ ! -e "$b/.libs/libsubunit.so.0" ]; then
@@ -21,7 +23,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv,n
 pass=0; fail=0
 for t in examples/kivi_hello tests/test_version tests/test_context tests/test_half tests/test_layout \
          tests/test_cache tests/test_conformance tests/test_attention tests/test_checkpoint tests/test_threads tests/test_gguf \
-         tests/test_async tests/test_layers.sh tests/test_multi_device.sh tests/test_model_run.sh; do
+         tests/test_async tests/test_contract tests/test_layers.sh tests/test_multi_device.sh tests/test_model_run.sh \
+         tests/test_tools.sh tests/test_fortran.sh; do
   echo "=== $t"
   case $t in *.sh) cmd="sh $t" ;; *) cmd="$b/$t" ;; esac
   timeout 900 $cmd > "$out/$(basename $t).log" 2>&1; rc=$?

@@ -11,7 +11,7 @@ the script prints the loop it closes: first and last address, instructions, and 
 frequent opcodes.  Each --range LO:HI (hex addresses) prints the same for [LO, HI), e.g. one
 path of a loop body.
 
-The device image of an offload build, as ptxas compiled it (session 7 in PERF.md):
+The device image of an offload build, as ptxas compiled it (round 7 in docs/PERF.md):
   cd /tmp/sass && cp BUILD/src/.libs/*.o . && clang-19 -O2 -fopenmp \\
     -fopenmp-targets=nvptx64-nvidia-cuda --offload-arch=sm_90 --cuda-path=/usr/local/cuda \\
     -foffload-lto -shared -fPIC *.o -o lib.so -save-temps

@@ -204,7 +204,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   /* the GQA kernel has a block per (row, kv-head, split), and the last block of a (row,
    * kv-head) pair combines its 4 heads.  It is used where there are at least KIVI_GQA_MIN_PAIRS
    * pairs and its blocks, with splits down to 512 tokens, fill the GPU (2 per SM of an H200's
-   * 132); elsewhere the per-head kernel was faster on the H200 (PERF.md, session 8) */
+   * 132); elsewhere the per-head kernel was faster on the H200 (docs/PERF.md, round 8) */
   const int nkv = c->cfg.n_kv_heads;
   const int64_t pairs = (int64_t)rows * nkv;
   const int gqa = fast && HQ == KIVI_GQA_NH * nkv && pairs >= KIVI_GQA_MIN_PAIRS &&

@@ -42,11 +42,11 @@
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
 #define FVU 8   /* V tokens per lane, loads first */
-#define FVR 8   /* V tokens per f16 run (16: 10-35 % slower on the H200, PERF.md session 15) */
+#define FVR 8   /* V tokens per f16 run (16: 10-35 % slower on the H200, docs/PERF.md, round 15) */
 #define FTU 4   /* fp16 key rounds of 4 tokens per warp in flight (tail block) */
 #define FD 128
 /* f16x2 words a lane's dot products of a K group are summed to in f16 before fp32: 2 words,
- * 4 sums of 32 products (H200, PERF.md session 12: 1 word was no faster, 8 cost 6 %) */
+ * 4 sums of 32 products (H200, docs/PERF.md, round 12: 1 word was no faster, 8 cost 6 %) */
 #define FKWORDS 2
 _Static_assert(KIVI_FAST_GRAIN == 32, "the kernel handles any whole number of 32-token groups");
 _Static_assert(KIVI_FAST_SPLIT / 32 % (FNW * 4) == 0, "whole K rounds per warp in a full split (FKU <= 4)");
@@ -222,7 +222,7 @@ static inline void wsum_all(float *v, int n, int lane) {
 /* Block blk of a grid of np (row, head) pairs times nf splits, and a tail block per pair in
  * fused calls: the split blocks of every pair first, then the tail blocks.  Where the grid is a
  * little over a whole number of waves, the blocks left for the last wave are then the short
- * tail blocks (H200: (8, 4k) 66.9 -> 51.0 us, PERF.md session 10). */
+ * tail blocks (H200: (8, 4k) 66.9 -> 51.0 us, docs/PERF.md, round 10). */
 static inline void fk_block_of(int blk, int np, int nf, int *sf, int *pair) {
   const int nbig = np * nf;
   *sf = blk < nbig ? blk % nf : nf;
@@ -278,7 +278,7 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
   return *s_last;
 }
 /* The GQA kernel's last block combines with fk_combine from this many slots on, and with
- * kivi_combine_item below.  Measured on the H200 (PERF.md, session 9): fk_combine was faster with
+ * kivi_combine_item below.  Measured on the H200 (docs/PERF.md, round 9): fk_combine was faster with
  * 9 and 33 slots (4 heads each) and slower with 5; in the per-head kernel it was no faster at any
  * shape measured (5 to 17 slots; slower in 8 of 10), so that kernel keeps kivi_combine_item. */
 #ifndef KIVI_GQA_PCOMBINE_MIN

@@ -252,7 +252,8 @@ static int runner_start(runner *r, int max_len) {
   kivi_cache_config_init(&r->cfg, m->n_layers, m->n_kv_heads, m->head_dim, 1, max_len);
   if (cache_setting(&r->o, &r->cfg, r->setting, sizeof r->setting, &r->kbits, &r->vbits)) return -1;
   if ((st = kivi_cache_create(r->ctx, &r->cfg, &r->cache))) {
-    fprintf(stderr, "kivi-run: cache (%s): %s\n", r->setting, kivi_status_string(st));
+    const char *why = kivi_cache_config_reason(&r->cfg);
+    fprintf(stderr, "kivi-run: cache (%s): %s%s%s\n", r->setting, kivi_status_string(st), *why ? ": " : "", why);
     return -1;
   }
   llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel};
