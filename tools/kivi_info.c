@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
   if (host_bytes) {
     if (!all) {
       char where[32];
-      snprintf(where, sizeof where, "%s", which);
+      snprintf(where, sizeof where, "%s%s", one_device >= 0 ? "device " : "", which);
       check_device(one_device, where, host_bytes, host_n, k, v);
     } else {
       check_device(KIVI_DEVICE_HOST, "host", host_bytes, host_n, k, v);
