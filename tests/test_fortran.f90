@@ -147,6 +147,7 @@ program test_fortran
   call expect(kivi_attention_decode(twin, 0_c_int, 1_c_int, ids, 2_c_int, q, 0.125_c_float, out, KIVI_F32, &
               KIVI_MEM_HOST) == KIVI_ERR_ARG, "decode of an empty sequence is KIVI_ERR_ARG")
   call expect(kivi_cache_load_file(twin, KIVI_ALL_SEQS, "/nonexistent/dir/x.kivi") == KIVI_ERR_IO, "load_file IO")
+  deallocate(a, b)
   call kivi_cache_destroy(twin)
   call kivi_cache_destroy(cache)
   call kivi_context_destroy(ctx)

@@ -45,6 +45,7 @@ program kivi_hello_f
   print '(a,i0,a,i0,a,i0,a,f5.2,a)', "cache: ", st%tokens, " tokens in ", st%total_bytes, " bytes vs ", &
        st%fp16_bytes, " as fp16 (", st%bits_per_element, " bits/element)"
   print '(a,f12.6)', "attention output checksum: ", sum(real(out, kind=8))
+  deallocate(k, v)
   call kivi_cache_destroy(cache)
   call kivi_context_destroy(ctx)
   print '(a)', "kivi_hello (Fortran): OK"
