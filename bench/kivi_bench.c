@@ -175,7 +175,6 @@ int main(int argc, char **argv) {
   int kv_heads = 0; /* --kv-heads: GQA, query heads = H of the shape */
   const int info_rc = kivi_cli_info(argc, argv, "kivi-bench", kivi_version_string(), bench_usage);
   if (info_rc >= 0) return info_rc;
-  setvbuf(stdout, NULL, _IOLBF, 0); /* table lines appear as they are measured */
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];

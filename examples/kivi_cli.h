@@ -9,10 +9,12 @@
 #include <stdio.h>
 #include <string.h>
 
-/* --help / --version anywhere on the command line: prints, and returns 0 (the exit status);
- * -1 when neither is there.  version: the library's (kivi_version_string()), or the package's
- * for a program that does not link the library. */
+/* The start of every program: stdout line-buffered (tables appear as they are written, also
+ * into a pipe), then --help / --version anywhere on the command line: prints, and returns 0
+ * (the exit status); -1 when neither is there.  version: the library's
+ * (kivi_version_string()), or the package's for a program that does not link the library. */
 static inline int kivi_cli_info(int argc, char **argv, const char *prog, const char *version, const char *usage) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       fputs(usage, stdout);

@@ -48,7 +48,6 @@ int main(int argc, char **argv) {
       "A decode step over many layers with the synchronous and the asynchronous calls, side by side.\n";
   const int info_rc = kivi_cli_info(argc, argv, "kivi_layers", kivi_version_string(), usage);
   if (info_rc >= 0) return info_rc;
-  setvbuf(stdout, NULL, _IOLBF, 0);
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int *iv = !strcmp(a, "--layers") ? &s.layers : !strcmp(a, "--heads") ? &s.HQ : !strcmp(a, "--kv-heads") ? &s.H

@@ -166,7 +166,6 @@ int main(int argc, char **argv) {
       "--scaling times strong and weak scaling over 1, 2, 4, ... parts.\n";
   const int info_rc = kivi_cli_info(argc, argv, "kivi_multi_device", kivi_version_string(), usage);
   if (info_rc >= 0) return info_rc;
-  setvbuf(stdout, NULL, _IOLBF, 0);
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--host")) { host = 1; continue; }

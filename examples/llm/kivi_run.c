@@ -28,6 +28,8 @@ typedef struct options {
   int k_bits, v_bits, group, residual, chunk, device, quiet, raw;
   int fake, k_per_token, v_per_channel;
   int max_tokens, ctx, trials;
+  int score_half; /* ppl --score second-half: llama-perplexity's scoring */
+  int edge_layers, edge_k_bits, edge_v_bits; /* per-layer widths */
   double temperature;
   unsigned long long seed;
 } options;
@@ -43,7 +45,10 @@ static void usage(FILE *f) {
         "  generate   stream a reply to --prompt TEXT or --prompt-file F (chat template; --raw: none)\n"
         "             --max-tokens N (128) --temperature T (0 = greedy) --seed S --system TEXT\n"
         "  ppl FILE   perplexity of a text file: non-overlapping windows of --ctx N tokens (1024)\n"
-        "             over its first --max-tokens N tokens (all); --chunk tokens per forward step\n"
+        "             over its first --max-tokens N tokens (all); --chunk tokens per forward step;\n"
+        "             --score all (every prediction of a window, default) or second-half (only the\n"
+        "             predictions of tokens ctx/2+1 .. ctx-1 of each window, the first half being\n"
+        "             context, as llama.cpp's llama-perplexity scores)\n"
         "  passkey    find a 5-digit key hidden in filler text of --lengths 512,1024,2048,4096\n"
         "             tokens, --trials N key positions per length (5)\n"
         "  tokenize   print the token ids of --prompt TEXT or --prompt-file F (no template)\n"
@@ -51,6 +56,8 @@ static void usage(FILE *f) {
         "  --model PATH       GGUF model ($KIVI_MODEL, else ~/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
         "  --kv fp16|kivi2|kivi4   cache setting (kivi2: 2-bit K and V, G=32, R=128)\n"
         "  --k-bits B --v-bits B --group G --residual R   override the setting (bits 2,4,8,16)\n"
+        "  --edge-layers N    per-layer widths: the first and the last N layers in a cache of their own\n"
+        "                     with --edge-k-bits B (4) and --edge-v-bits B (the others' V bits)\n"
         "  --fake-quant       quantize every K/V vector before use, no fp16 window (paper baseline);\n"
         "                     --k-axis channel|token (channel) --v-axis token|channel (token)\n"
         "  --chunk N          tokens per forward step for prompts and ppl (32; a divisor of R keeps\n"
@@ -74,6 +81,8 @@ static int parse_args(int argc, char **argv, options *o) {
   memset(o, 0, sizeof *o);
   o->kv = "kivi2";
   o->k_bits = o->v_bits = o->group = o->residual = -1;
+  o->edge_k_bits = 4;
+  o->edge_v_bits = -1;
   o->chunk = 32;
   o->device = KIVI_DEVICE_DEFAULT;
   o->max_tokens = -1;
@@ -113,11 +122,17 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--max-tokens")) iv = &o->max_tokens;
     else if (!strcmp(a, "--ctx")) iv = &o->ctx;
     else if (!strcmp(a, "--trials")) iv = &o->trials;
-    else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") ||
+    else if (!strcmp(a, "--edge-layers")) iv = &o->edge_layers;
+    else if (!strcmp(a, "--edge-k-bits")) iv = &o->edge_k_bits;
+    else if (!strcmp(a, "--edge-v-bits")) iv = &o->edge_v_bits;
+    else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") || !strcmp(a, "--score") ||
              !strcmp(a, "--temperature") || !strcmp(a, "--seed")) {
       if (!val) goto missing;
       ++i;
-      if (!strcmp(a, "--k-axis")) {
+      if (!strcmp(a, "--score")) {
+        if (strcmp(val, "all") && strcmp(val, "second-half")) goto bad;
+        o->score_half = !strcmp(val, "second-half");
+      } else if (!strcmp(a, "--k-axis")) {
         if (strcmp(val, "channel") && strcmp(val, "token")) goto bad;
         o->k_per_token = !strcmp(val, "token");
       } else if (!strcmp(a, "--v-axis")) {
@@ -201,7 +216,7 @@ typedef struct runner {
   llm_model model;
   llm_tokenizer *tok;
   kivi_context *ctx;
-  kivi_cache *cache;
+  kivi_cache *cache, *edge;
   kivi_cache_config cfg;
   llm_session sess;
   char setting[96];
@@ -256,6 +271,24 @@ static int runner_start(runner *r, int max_len) {
     fprintf(stderr, "kivi-run: cache (%s): %s%s%s\n", r->setting, kivi_status_string(st), *why ? ": " : "", why);
     return -1;
   }
+  if (r->o.edge_layers > 0) { /* the first and last layers in a cache of their own widths */
+    if (2 * r->o.edge_layers >= m->n_layers || r->o.fake) {
+      fprintf(stderr, "kivi-run: --edge-layers must be below half the %d layers (and without --fake-quant)\n", m->n_layers);
+      return -1;
+    }
+    kivi_cache_config e = r->cfg;
+    e.n_layers = 2 * r->o.edge_layers;
+    e.k_bits = r->o.edge_k_bits;
+    e.v_bits = r->o.edge_v_bits > 0 ? r->o.edge_v_bits : r->cfg.v_bits;
+    if ((st = kivi_cache_create(r->ctx, &e, &r->edge))) {
+      const char *why = kivi_cache_config_reason(&e);
+      fprintf(stderr, "kivi-run: edge cache: %s%s%s\n", kivi_status_string(st), *why ? ": " : "", why);
+      return -1;
+    }
+    const size_t len = strlen(r->setting);
+    snprintf(r->setting + len, sizeof r->setting - len, ", layers 0-%d and %d-%d K%d V%d", r->o.edge_layers - 1,
+             m->n_layers - r->o.edge_layers, m->n_layers - 1, e.k_bits, e.v_bits);
+  }
   llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel};
   if (r->o.fake && (r->kbits > 8 || r->vbits > 8 || r->kbits < 1 || r->vbits < 1)) {
     fprintf(stderr, "kivi-run: --fake-quant needs K/V bits of 1..8\n");
@@ -265,6 +298,8 @@ static int runner_start(runner *r, int max_len) {
     fprintf(stderr, "kivi-run: out of memory\n");
     return -1;
   }
+  r->sess.edge = r->edge;
+  r->sess.n_edge = r->o.edge_layers;
   kivi_context_info info;
   (void)kivi_context_get_info(r->ctx, &info);
   if (!r->o.quiet)
@@ -295,6 +330,7 @@ static void runner_close(runner *r) {
   if (r->json) fclose(r->json);
   llm_session_free(&r->sess);
   kivi_cache_destroy(r->cache);
+  kivi_cache_destroy(r->edge);
   kivi_context_destroy(r->ctx);
   llm_tokenizer_free(r->tok);
   llm_model_free(&r->model);
@@ -366,8 +402,14 @@ static char *read_file(const char *path, size_t *n) {
 }
 
 static void print_memory(runner *r, FILE *out) {
-  kivi_cache_stats st;
+  kivi_cache_stats st, se;
   if (kivi_cache_get_stats(r->cache, &st) || !st.tokens) return;
+  if (r->edge && !kivi_cache_get_stats(r->edge, &se)) { /* both caches' tokens and bytes */
+    st.tokens += se.tokens;
+    st.total_bytes += se.total_bytes;
+    st.fp16_bytes += se.fp16_bytes;
+    st.bits_per_element = (double)st.total_bytes * 8.0 / ((double)st.fp16_bytes * 8.0 / 16.0);
+  }
   fprintf(out, "KV cache: %lld tokens x %d layers in %.2f MB (%s) vs %.2f MB as fp16: %.2fx smaller, %.2f bits/element\n",
           (long long)(st.tokens / r->model.n_layers), r->model.n_layers, st.total_bytes / 1e6, r->setting,
           st.fp16_bytes / 1e6, (double)st.fp16_bytes / (double)st.total_bytes, st.bits_per_element);
@@ -521,7 +563,10 @@ static int cmd_ppl(options *o) {
     for (int i = 0; !st && i < o->ctx; i += o->chunk) {
       const int c = o->ctx - i < o->chunk ? o->ctx - i : o->chunk;
       if ((st = llm_forward(&r.sess, wid + i, c, logits, 1))) break;
+      /* the logits of position p predict token p+1; second-half scoring starts at p = ctx/2 */
+      const int p0 = o->score_half ? o->ctx / 2 : 0;
       for (int t = 0; t < c && i + t + 1 < o->ctx; ++t) { /* predict token i+t+1 */
+        if (i + t < p0) continue;
         const float *lg = logits + (size_t)t * V;
         float mx = lg[0];
         for (int j = 1; j < V; ++j) mx = lg[j] > mx ? lg[j] : mx;
@@ -541,11 +586,11 @@ static int cmd_ppl(options *o) {
   }
   const double dt = now_s() - t0, ppl = exp(nll / (double)scored);
   if (!o->quiet) fprintf(stderr, "\n");
-  printf("%s: ppl %.4f at ctx %d (%d windows, %lld predictions, %zu tokens in %s) in %.1f s\n", r.setting, ppl, o->ctx,
-         windows, scored, n, o->text_file, dt);
+  printf("%s: ppl %.4f at ctx %d (%d windows, %lld predictions%s, %zu tokens in %s) in %.1f s\n", r.setting, ppl,
+         o->ctx, windows, scored, o->score_half ? " of the second halves" : "", n, o->text_file, dt);
   if (r.json) {
-    fprintf(r.json, "  \"text_file\": \"%s\", \"text_tokens\": %zu, \"ctx\": %d, \"windows\": %d, \"predictions\": %lld,\n",
-            o->text_file, n, o->ctx, windows, scored);
+    fprintf(r.json, "  \"text_file\": \"%s\", \"text_tokens\": %zu, \"ctx\": %d, \"windows\": %d, \"predictions\": %lld,\n"
+            "  \"score\": \"%s\",\n", o->text_file, n, o->ctx, windows, scored, o->score_half ? "second-half" : "all");
     fprintf(r.json, "  \"seconds\": %.3f,\n  \"ppl\": %.6f\n}\n", dt, ppl);
   }
   rc = 0;

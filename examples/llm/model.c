@@ -309,7 +309,22 @@ void llm_session_free(llm_session *s) {
 
 kivi_status llm_session_reset(llm_session *s) {
   s->pos = 0;
-  return kivi_cache_reset_seq(s->cache, s->seq_id);
+  const kivi_status st = kivi_cache_reset_seq(s->cache, s->seq_id);
+  return st || !s->edge ? st : kivi_cache_reset_seq(s->edge, s->seq_id);
+}
+
+kivi_cache *llm_layer_cache(const llm_session *s, int l, int *cache_layer) {
+  const int NL = s->m->n_layers, E = s->edge ? s->n_edge : 0;
+  if (l < E) {
+    *cache_layer = l;
+    return s->edge;
+  }
+  if (l >= NL - E) {
+    *cache_layer = l - (NL - E) + E;
+    return s->edge;
+  }
+  *cache_layer = l;
+  return s->cache;
 }
 
 static void rmsnorm(float *y, const float *x, const float *w, int T, int D, float eps) {
@@ -396,15 +411,15 @@ kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits,
       fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token);
       fake_quant(s->v, n, s->pos, KVD, s->fq.group, s->fq.v_bits, !s->fq.v_per_channel);
     }
+    int cl;
+    kivi_cache *c = llm_layer_cache(s, l, &cl);
     if (n == 1) { /* decode: the token's own K/V go into the cache first */
-      if ((st = kivi_cache_append(s->cache, l, 1, &seq, &n, s->k, s->v, KIVI_F32, KIVI_MEM_HOST))) return st;
-      if ((st = kivi_attention_decode(s->cache, l, 1, &seq, H, s->q, scale, s->att, KIVI_F32, KIVI_MEM_HOST)))
-        return st;
+      if ((st = kivi_cache_append(c, cl, 1, &seq, &n, s->k, s->v, KIVI_F32, KIVI_MEM_HOST))) return st;
+      if ((st = kivi_attention_decode(c, cl, 1, &seq, H, s->q, scale, s->att, KIVI_F32, KIVI_MEM_HOST))) return st;
     } else { /* chunk: attend to the cache and causally to the chunk, then append it */
-      if ((st = kivi_attention_extend(s->cache, l, 1, &seq, &n, H, s->q, s->k, s->v, scale, s->att, NULL,
-                                      KIVI_MEM_HOST)))
+      if ((st = kivi_attention_extend(c, cl, 1, &seq, &n, H, s->q, s->k, s->v, scale, s->att, NULL, KIVI_MEM_HOST)))
         return st;
-      if ((st = kivi_cache_append(s->cache, l, 1, &seq, &n, s->k, s->v, KIVI_F32, KIVI_MEM_HOST))) return st;
+      if ((st = kivi_cache_append(c, cl, 1, &seq, &n, s->k, s->v, KIVI_F32, KIVI_MEM_HOST))) return st;
     }
     llm_matmul(s->x, s->att, L->wo, n, D, D, 1);
     rmsnorm(s->xn, s->x, L->ffn_norm, n, D, m->rms_eps);

@@ -56,6 +56,10 @@ typedef struct llm_fake_quant {
 typedef struct llm_session {
   const llm_model *m;
   kivi_cache *cache;
+  /* per-layer widths: the first and the last n_edge layers live in `edge` (2 n_edge layers, its
+   * own bits), the others in `cache`; n_edge = 0: every layer in `cache` */
+  kivi_cache *edge;
+  int n_edge;
   int seq_id;
   int pos; /* tokens already in the cache */
   int max_chunk;
@@ -67,6 +71,8 @@ typedef struct llm_session {
 int llm_session_init(llm_session *s, const llm_model *m, kivi_cache *cache, int seq_id, int max_chunk,
                      const llm_fake_quant *fq);
 void llm_session_free(llm_session *s);
+/* The cache and the cache's layer of model layer l. */
+kivi_cache *llm_layer_cache(const llm_session *s, int l, int *cache_layer);
 /* Empties the sequence (kivi_cache_reset_seq) and restarts at position 0. */
 kivi_status llm_session_reset(llm_session *s);
 
