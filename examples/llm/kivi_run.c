@@ -26,7 +26,7 @@
 typedef struct options {
   const char *cmd, *model, *json, *prompt, *prompt_file, *text_file, *kv, *lengths, *system;
   int k_bits, v_bits, group, residual, chunk, device, quiet, raw;
-  int fake, k_per_token, v_per_channel;
+  int fake, k_per_token, v_per_channel, sink, pre_rope;
   int max_tokens, ctx, trials;
   int score_half; /* ppl --score second-half: llama-perplexity's scoring */
   int edge_layers, edge_k_bits, edge_v_bits; /* per-layer widths */
@@ -59,7 +59,9 @@ static void usage(FILE *f) {
         "  --edge-layers N    per-layer widths: the first and the last N layers in a cache of their own\n"
         "                     with --edge-k-bits B (4) and --edge-v-bits B (the others' V bits)\n"
         "  --fake-quant       quantize every K/V vector before use, no fp16 window (paper baseline);\n"
-        "                     --k-axis channel|token (channel) --v-axis token|channel (token)\n"
+        "                     --k-axis channel|token (channel) --v-axis token|channel (token);\n"
+        "                     --sink N: the first N tokens unquantized; --pre-rope: keys quantized\n"
+        "                     before the rotary embedding\n"
         "  --chunk N          tokens per forward step for prompts and ppl (32; a divisor of R keeps\n"
         "                     the quantized cache exactly as token-by-token decoding would see it)\n"
         "  --device default|host|N   where the cache and attention run (default: the GPU if any)\n"
@@ -105,6 +107,7 @@ static int parse_args(int argc, char **argv, options *o) {
     const char **sv = NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
     if (!strcmp(a, "--fake-quant")) { o->fake = 1; continue; }
+    if (!strcmp(a, "--pre-rope")) { o->pre_rope = 1; continue; }
     if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
     if (!strcmp(a, "--raw")) { o->raw = 1; continue; }
     if (!strcmp(a, "--model")) sv = &o->model;
@@ -123,6 +126,7 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--ctx")) iv = &o->ctx;
     else if (!strcmp(a, "--trials")) iv = &o->trials;
     else if (!strcmp(a, "--edge-layers")) iv = &o->edge_layers;
+    else if (!strcmp(a, "--sink")) iv = &o->sink;
     else if (!strcmp(a, "--edge-k-bits")) iv = &o->edge_k_bits;
     else if (!strcmp(a, "--edge-v-bits")) iv = &o->edge_v_bits;
     else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") || !strcmp(a, "--score") ||
@@ -199,8 +203,9 @@ static int cache_setting(const options *o, kivi_cache_config *cfg, char *name, s
   cfg->k_bits = *kbits = kb;
   cfg->v_bits = *vbits = vb;
   if (o->fake) {
-    snprintf(name, nlen, "fake-quant K%d(%s) V%d(%s) G%d", kb, o->k_per_token ? "token" : "channel", vb,
-             o->v_per_channel ? "channel" : "token", cfg->group);
+    snprintf(name, nlen, "fake-quant K%d(%s%s) V%d(%s) G%d%s", kb, o->k_per_token ? "token" : "channel",
+             o->pre_rope ? ", pre-RoPE" : "", vb, o->v_per_channel ? "channel" : "token", cfg->group,
+             o->sink ? ", sinks" : "");
     cfg->k_bits = cfg->v_bits = 16; /* the cache stores the fake-quantized values in fp16 */
   } else if (kb == 16 && vb == 16) {
     snprintf(name, nlen, "fp16");
@@ -289,7 +294,12 @@ static int runner_start(runner *r, int max_len) {
     snprintf(r->setting + len, sizeof r->setting - len, ", layers 0-%d and %d-%d K%d V%d", r->o.edge_layers - 1,
              m->n_layers - r->o.edge_layers, m->n_layers - 1, e.k_bits, e.v_bits);
   }
-  llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel};
+  if ((r->o.sink || r->o.pre_rope) && !r->o.fake) {
+    fprintf(stderr, "kivi-run: --sink and --pre-rope are simulated: they need --fake-quant\n");
+    return -1;
+  }
+  llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel, r->o.sink,
+                       r->o.pre_rope};
   if (r->o.fake && (r->kbits > 8 || r->vbits > 8 || r->kbits < 1 || r->vbits < 1)) {
     fprintf(stderr, "kivi-run: --fake-quant needs K/V bits of 1..8\n");
     return -1;

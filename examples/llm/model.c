@@ -363,17 +363,19 @@ static void quant_group(float *const *el, int n, int bits) { /* min/max asymmetr
 }
 
 /* x: [T][n_kv_heads * hd] at positions pos..pos+T-1. */
-static void fake_quant(float *x, int T, int pos, int KVD, int G, int bits, int per_token) {
+/* Tokens at positions below `sink` are left as they are (and out of their groups' statistics). */
+static void fake_quant(float *x, int T, int pos, int KVD, int G, int bits, int per_token, int sink) {
   float *el[128];
+  const int skip = sink - pos > 0 ? (sink - pos < T ? sink - pos : T) : 0; /* leading sink tokens */
   if (per_token) {
-    for (int t = 0; t < T; ++t)
+    for (int t = skip; t < T; ++t)
       for (int c0 = 0; c0 < KVD; c0 += G) {
         for (int i = 0; i < G; ++i) el[i] = &x[(size_t)t * KVD + c0 + i];
         quant_group(el, G, bits);
       }
     return;
   }
-  for (int t0 = 0; t0 < T;) { /* token groups aligned to absolute positions */
+  for (int t0 = skip; t0 < T;) { /* token groups aligned to absolute positions */
     const int end = (pos + t0) / G * G + G - pos, t1 = end < T ? end : T;
     for (int c = 0; c < KVD; ++c) {
       for (int t = t0; t < t1; ++t) el[t - t0] = &x[(size_t)t * KVD + c];
@@ -406,10 +408,12 @@ kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits,
     llm_matmul(s->k, s->xn, L->wk, n, D, KVD, 0);
     llm_matmul(s->v, s->xn, L->wv, n, D, KVD, 0);
     rope(s->q, n, H, hd, s->rope_cos, s->rope_sin);
+    if (s->fq.enabled && s->fq.pre_rope) /* quantized as the projection gives them, rotated after */
+      fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token, s->fq.sink);
     rope(s->k, n, KVH, hd, s->rope_cos, s->rope_sin);
     if (s->fq.enabled) {
-      fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token);
-      fake_quant(s->v, n, s->pos, KVD, s->fq.group, s->fq.v_bits, !s->fq.v_per_channel);
+      if (!s->fq.pre_rope) fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token, s->fq.sink);
+      fake_quant(s->v, n, s->pos, KVD, s->fq.group, s->fq.v_bits, !s->fq.v_per_channel, s->fq.sink);
     }
     int cl;
     kivi_cache *c = llm_layer_cache(s, l, &cl);

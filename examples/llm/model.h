@@ -50,6 +50,9 @@ typedef struct llm_fake_quant {
   int k_bits, v_bits, group;
   int k_per_token;   /* 0: keys per channel (KIVI) */
   int v_per_channel; /* 0: values per token (KIVI) */
+  int sink;          /* the first `sink` positions of a sequence stay unquantized (attention sinks) */
+  int pre_rope;      /* 1: keys quantized before the rotary embedding, which then rotates the
+                        dequantized keys (KVQuant's pre-RoPE keys) */
 } llm_fake_quant;
 
 /* One sequence being run: the model, its cache (one sequence slot is used) and scratch. */
