@@ -194,7 +194,6 @@ int main(int argc, char **argv) {
       return kivi_cli_bad("kivi-bench", "unknown option, or a missing or bad value, at", argv[i]);
   }
   if (reps < 1) reps = 1;
-  if (quick && reps > 5) reps = 5;
   TRY(kivi_context_create(&ctx, device));
   kivi_context_info info;
   TRY(kivi_context_get_info(ctx, &info));
@@ -203,9 +202,9 @@ int main(int argc, char **argv) {
   printf("kivi-bench: libkivi-omp %s, %s, running on %s\n", kivi_version_string(), kivi_build_config(), dev);
   if (!on_gpu && !quick && !one.B && !stack_layers) { /* the GPU shapes take hours on host threads */
     quick = 1;
-    if (reps > 5) reps = 5;
     fprintf(stderr, "kivi-bench: on host threads: the --quick shapes (--shape B,H,S for another)\n");
   }
+  if (quick && reps > 5) reps = 5;
   FILE *js = NULL;
   if (json_path && !(js = fopen(json_path, "w"))) {
     fprintf(stderr, "kivi-bench: cannot write %s\n", json_path);

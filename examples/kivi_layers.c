@@ -62,7 +62,8 @@ int main(int argc, char **argv) {
     else device = !strcmp(v, "host") ? KIVI_DEVICE_HOST : !strcmp(v, "default") ? KIVI_DEVICE_DEFAULT : atoi(v);
   }
   if (s.layers < 1 || s.HQ < 1 || s.H < 1 || s.HQ % s.H || s.context < 1 || s.batch < 1 || s.steps < 1) {
-    return kivi_cli_bad("kivi_layers", "bad sizes: need layers, heads, kv-heads (dividing heads), context, batch, steps >= 1;", "see");
+    fprintf(stderr, "kivi_layers: bad sizes: layers, heads, kv-heads (dividing heads), context, batch and steps must be >= 1\n");
+    return 2;
   }
   kivi_context *ctx = NULL;
   CHECK(kivi_context_create(&ctx, device));

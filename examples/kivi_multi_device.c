@@ -182,7 +182,9 @@ int main(int argc, char **argv) {
   }
   if (s.layers < 1 || s.H < 1 || s.HQ % s.H || s.batch < 1 || s.batch > 256 || s.steps < 1 || s.context < 1 ||
       max_parts < 1 || max_parts > 64) {
-    return kivi_cli_bad("kivi_multi_device", "bad sizes (layers, kv-heads dividing heads, batch 1..256, steps, context >= 1, max-parts 1..64):", "see");
+    fprintf(stderr, "kivi_multi_device: bad sizes: layers, steps and context >= 1, kv-heads dividing heads, batch 1..256, "
+                    "max-parts 1..64\n");
+    return 2;
   }
   kivi_context *probe = NULL;
   kivi_context_info info;

@@ -6,7 +6,7 @@
 #   install-meta.sh DESTDIR
 set -eu
 destdir=${1:-}
-: "${srcdir:?}" "${prefix:?}" "${libdir:?}" "${includedir:?}" "${bindir:?}" "${version:?}" "${soversion:?}"
+: "${srcdir:?}" "${prefix:?}" "${libdir:?}" "${pcdir:?}" "${cmdir:?}" "${includedir:?}" "${bindir:?}" "${version:?}" "${soversion:?}"
 
 # ups DIR: "../.." from DIR up to the prefix, or nothing when DIR is not under the prefix
 ups() {
@@ -30,32 +30,21 @@ subst() { # template output: the @name@ placeholders
       -e "s|@openmp_libdir@|${openmp_libdir:-}|g" -e "s|@openmp_libs@|${openmp_libs:-}|g" \
       -e "s|@offload@|${offload:-no}|g" -e "s|@offload_arch@|${offload_arch:-none}|g" \
       -e "s|@offload_cflags@|${offload_cflags:-}|g" -e "s|@cubin_fix@|${cubin_fix:-no}|g" \
-      -e "s|@pc_to_prefix@|$pc_up|g" -e "s|@pc_libdir@|$pc_libdir|g" -e "s|@pc_includedir@|$pc_includedir|g" \
-      -e "s|@pc_bindir@|$pc_bindir|g" -e "s|@cm_to_prefix@|$cm_up|g" -e "s|@cm_libdir@|$cm_libdir|g" \
+      -e "s|@pc_prefix@|$pc_prefix|g" -e "s|@pc_libdir@|$pc_libdir|g" -e "s|@pc_includedir@|$pc_includedir|g" \
+      -e "s|@pc_bindir@|$pc_bindir|g" -e "s|@cm_prefix@|$cm_prefix|g" -e "s|@cm_libdir@|$cm_libdir|g" \
       -e "s|@cm_includedir@|$cm_includedir|g" -e "s|@cm_bindir@|$cm_bindir|g" "$1" >"$2"
 }
 
-pcdir=$libdir/pkgconfig
-cmdir=$libdir/cmake/kivi-omp
-pc_up=$(ups "$pcdir")
-if [ -n "$pc_up" ]; then
-  pc_libdir=$(rel '${prefix}' "$libdir"); pc_includedir=$(rel '${prefix}' "$includedir"); pc_bindir=$(rel '${prefix}' "$bindir")
-else # pkgconfig dir outside the prefix: absolute paths
-  pc_up=.; pc_libdir=$libdir; pc_includedir=$includedir; pc_bindir=$bindir
-fi
-cm_up=$(ups "$cmdir")
-if [ -n "$cm_up" ]; then
-  cm_libdir=$(rel '${_kivi_omp_prefix}' "$libdir"); cm_includedir=$(rel '${_kivi_omp_prefix}' "$includedir")
-  cm_bindir=$(rel '${_kivi_omp_prefix}' "$bindir")
-else
-  cm_up=.; cm_libdir=$libdir; cm_includedir=$includedir; cm_bindir=$bindir
-fi
-# an absolute prefix in the .pc when the pkgconfig dir is outside it
-case "$pcdir/" in "$prefix"/*) ;; *) pc_up=; sed_prefix=1 ;; esac
+# each file's prefix: relative to the file's own directory where that lies under the prefix
+pc_up=$(ups "$pcdir"); cm_up=$(ups "$cmdir")
+pc_prefix=${pc_up:+'${pcfiledir}/'$pc_up}; pc_prefix=${pc_prefix:-$prefix}
+cm_prefix=${cm_up:+'${CMAKE_CURRENT_LIST_DIR}/'$cm_up}; cm_prefix=${cm_prefix:-$prefix}
+pc_libdir=$(rel '${prefix}' "$libdir"); pc_includedir=$(rel '${prefix}' "$includedir"); pc_bindir=$(rel '${prefix}' "$bindir")
+cm_libdir=$(rel '${_kivi_omp_prefix}' "$libdir"); cm_includedir=$(rel '${_kivi_omp_prefix}' "$includedir")
+cm_bindir=$(rel '${_kivi_omp_prefix}' "$bindir")
 
 mkdir -p "$destdir$pcdir" "$destdir$cmdir"
 subst "$srcdir/libkivi-omp.pc.in" "$destdir$pcdir/libkivi-omp.pc"
-[ -n "$pc_up" ] || sed -i "s|^prefix=.*|prefix=$prefix|" "$destdir$pcdir/libkivi-omp.pc"
 subst "$srcdir/cmake/kivi-omp-config.cmake.in" "$destdir$cmdir/kivi-omp-config.cmake"
 subst "$srcdir/cmake/kivi-omp-config-version.cmake.in" "$destdir$cmdir/kivi-omp-config-version.cmake"
 chmod 644 "$destdir$pcdir/libkivi-omp.pc" "$destdir$cmdir"/kivi-omp-config*.cmake

@@ -11,11 +11,11 @@ s=${top_srcdir:-.}
 lib=$b/.libs/libkivi-omp.so
 [ -f "$lib" ] || { echo "no shared library (static-only build?)"; exit 77; }
 [ "$("$b/tests/abi_dump" | grep -c '^size kivi_cache_stats 128$')" = 1 ] || { echo "not an LP64 build: the baseline is LP64"; exit 77; }
-NM=${NM:-nm}
+. "$s/tests/api_lists.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 { "$b/tests/abi_dump"
-  $NM -D --defined-only "$lib" | awk '$2 ~ /^[TDRBVWiu]$/ {print "symbol " $3}' | sed 's/@.*//' | grep -v ' _init$\| _fini$' | sort -u
+  kivi_exported "$lib" | sed 's/^/symbol /'
 } | grep -v "\.reserved " >"$tmp/now.txt"
 grep -v "^#" "$s/tests/abi-baseline.txt" | grep -v "\.reserved " >"$tmp/base.txt"
 missing=$(grep -vxF -f "$tmp/now.txt" "$tmp/base.txt" || true)

@@ -12,8 +12,8 @@ s=${top_srcdir:-.}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bad=0
-declared=$(grep -v '^ *#' "$s/include/kivi.h" | tr '\n' ' ' | sed 's/;/;\n/g' | grep 'KIVI_API' |
-           sed -E 's/.*[ *]([a-z_0-9]+)\(.*/\1/' | sort -u)
+. "$s/tests/api_lists.sh"
+declared=$(kivi_declared "$s/include/kivi.h")
 for f in $declared; do
   grep -q "name=\"$f\"" "$b/include/kivi.f90" || { echo "FAIL: kivi.f90 has no interface for $f"; bad=1; }
 done

@@ -40,8 +40,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void usage(FILE *f) {
-  fputs("usage: kivi-run generate|ppl|passkey [options]\n"
+static const char usage_text[] =
+       "usage: kivi-run generate|ppl|passkey [options]\n"
         "  generate   stream a reply to --prompt TEXT or --prompt-file F (chat template; --raw: none)\n"
         "             --max-tokens N (128) --temperature T (0 = greedy) --seed S --system TEXT\n"
         "  ppl FILE   perplexity of a text file: non-overlapping windows of --ctx N tokens (1024)\n"
@@ -66,9 +66,7 @@ static void usage(FILE *f) {
         "                     the quantized cache exactly as token-by-token decoding would see it)\n"
         "  --device default|host|N   where the cache and attention run (default: the GPU if any)\n"
         "  --json FILE        write the results as JSON\n"
-        "  --quiet            no progress on stderr\n",
-        f);
-}
+        "  --quiet            no progress on stderr\n";
 
 static int parse_int(const char *s, int *out) {
   char *end;
@@ -94,8 +92,6 @@ static int parse_args(int argc, char **argv, options *o) {
   o->seed = 1234;
   if (argc < 2) return -1;
   o->cmd = argv[1];
-  if (!strcmp(o->cmd, "--help") || !strcmp(o->cmd, "-h")) return 1;
-  if (!strcmp(o->cmd, "--version")) return 2;
   if (strcmp(o->cmd, "generate") && strcmp(o->cmd, "ppl") && strcmp(o->cmd, "passkey") && strcmp(o->cmd, "tokenize")) {
     (void)kivi_cli_bad("kivi-run", o->cmd[0] == '-' ? "unknown option (the command comes first: generate, ppl, passkey or tokenize)"
                                                     : "unknown command (generate, ppl, passkey or tokenize)", o->cmd);
@@ -105,7 +101,6 @@ static int parse_args(int argc, char **argv, options *o) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     int *iv = NULL;
     const char **sv = NULL;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
     if (!strcmp(a, "--fake-quant")) { o->fake = 1; continue; }
     if (!strcmp(a, "--pre-rope")) { o->pre_rope = 1; continue; }
     if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
@@ -255,6 +250,15 @@ static int runner_open(runner *r) {
   return 0;
 }
 
+/* A cache of config cfg, or -1 after saying why not (the rule a refused config breaks). */
+static int create_cache(kivi_context *ctx, const kivi_cache_config *cfg, kivi_cache **cache, const char *what) {
+  const kivi_status st = kivi_cache_create(ctx, cfg, cache);
+  if (!st) return 0;
+  const char *why = kivi_cache_config_reason(cfg);
+  fprintf(stderr, "kivi-run: cache (%s): %s%s%s\n", what, kivi_status_string(st), *why ? ": " : "", why);
+  return -1;
+}
+
 /* The device context, a cache of max_len tokens in the chosen setting, the session; prints the
  * setup and starts the JSON. */
 static int runner_start(runner *r, int max_len) {
@@ -271,11 +275,7 @@ static int runner_start(runner *r, int max_len) {
   }
   kivi_cache_config_init(&r->cfg, m->n_layers, m->n_kv_heads, m->head_dim, 1, max_len);
   if (cache_setting(&r->o, &r->cfg, r->setting, sizeof r->setting, &r->kbits, &r->vbits)) return -1;
-  if ((st = kivi_cache_create(r->ctx, &r->cfg, &r->cache))) {
-    const char *why = kivi_cache_config_reason(&r->cfg);
-    fprintf(stderr, "kivi-run: cache (%s): %s%s%s\n", r->setting, kivi_status_string(st), *why ? ": " : "", why);
-    return -1;
-  }
+  if (create_cache(r->ctx, &r->cfg, &r->cache, r->setting)) return -1;
   if (r->o.edge_layers > 0) { /* the first and last layers in a cache of their own widths */
     if (2 * r->o.edge_layers >= m->n_layers || r->o.fake) {
       fprintf(stderr, "kivi-run: --edge-layers must be below half the %d layers (and without --fake-quant)\n", m->n_layers);
@@ -285,11 +285,7 @@ static int runner_start(runner *r, int max_len) {
     e.n_layers = 2 * r->o.edge_layers;
     e.k_bits = r->o.edge_k_bits;
     e.v_bits = r->o.edge_v_bits > 0 ? r->o.edge_v_bits : r->cfg.v_bits;
-    if ((st = kivi_cache_create(r->ctx, &e, &r->edge))) {
-      const char *why = kivi_cache_config_reason(&e);
-      fprintf(stderr, "kivi-run: edge cache: %s%s%s\n", kivi_status_string(st), *why ? ": " : "", why);
-      return -1;
-    }
+    if (create_cache(r->ctx, &e, &r->edge, "edge layers")) return -1;
     const size_t len = strlen(r->setting);
     snprintf(r->setting + len, sizeof r->setting - len, ", layers 0-%d and %d-%d K%d V%d", r->o.edge_layers - 1,
              m->n_layers - r->o.edge_layers, m->n_layers - 1, e.k_bits, e.v_bits);
@@ -418,7 +414,7 @@ static void print_memory(runner *r, FILE *out) {
     st.tokens += se.tokens;
     st.total_bytes += se.total_bytes;
     st.fp16_bytes += se.fp16_bytes;
-    st.bits_per_element = (double)st.total_bytes * 8.0 / ((double)st.fp16_bytes * 8.0 / 16.0);
+    st.bits_per_element = 16.0 * (double)st.total_bytes / (double)st.fp16_bytes; /* fp16 is 16 bits/element */
   }
   fprintf(out, "KV cache: %lld tokens x %d layers in %.2f MB (%s) vs %.2f MB as fp16: %.2fx smaller, %.2f bits/element\n",
           (long long)(st.tokens / r->model.n_layers), r->model.n_layers, st.total_bytes / 1e6, r->setting,
@@ -567,14 +563,14 @@ static int cmd_ppl(options *o) {
   double nll = 0;
   long long scored = 0;
   const double t0 = now_s();
+  /* the logits of position p predict token p+1; second-half scoring starts at p = ctx/2 */
+  const int p0 = o->score_half ? o->ctx / 2 : 0;
   for (int w = 0; w < windows; ++w) {
     const int *wid = ids + (size_t)w * o->ctx;
     kivi_status st = llm_session_reset(&r.sess);
     for (int i = 0; !st && i < o->ctx; i += o->chunk) {
       const int c = o->ctx - i < o->chunk ? o->ctx - i : o->chunk;
       if ((st = llm_forward(&r.sess, wid + i, c, logits, 1))) break;
-      /* the logits of position p predict token p+1; second-half scoring starts at p = ctx/2 */
-      const int p0 = o->score_half ? o->ctx / 2 : 0;
       for (int t = 0; t < c && i + t + 1 < o->ctx; ++t) { /* predict token i+t+1 */
         if (i + t < p0) continue;
         const float *lg = logits + (size_t)t * V;
@@ -747,16 +743,14 @@ out:
 }
 
 int main(int argc, char **argv) {
+  const int info_rc = kivi_cli_info(argc, argv, "kivi-run", kivi_version_string(), usage_text);
+  if (info_rc >= 0) return info_rc;
   options o;
   const int p = parse_args(argc, argv, &o);
-  if (p == 2) {
-    printf("kivi-run (libkivi-omp) %s\n", kivi_version_string());
-    return 0;
-  }
   if (p == -2) return 2; /* the error named the option */
   if (p) {
-    usage(p > 0 ? stdout : stderr);
-    return p > 0 ? 0 : 2;
+    fputs(usage_text, stderr);
+    return 2;
   }
   if (!strcmp(o.cmd, "generate")) return cmd_generate(&o);
   if (!strcmp(o.cmd, "ppl")) return cmd_ppl(&o);
