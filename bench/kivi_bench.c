@@ -2,7 +2,7 @@
  * same run, append/quantize throughput, and the memory table.
  *
  *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
- *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS]
+ *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS] [--stream]
  *
  * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
  * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
@@ -13,7 +13,8 @@
  * the dequantized cache.  --stack LAYERS: also the wall time per step of a whole layer stack
  * (append + decode on every layer, 32 heads x 128, context 4096, batch 1 and 8), with the
  * synchronous calls and with the asynchronous ones (one wait per step).  --quick: small shapes
- * for CI on the host.  --sweep adds step time vs
+ * for CI on the host.  --stream: the decode calls on a cache with a CUDA stream of its own
+ * (kivi_cache_set_stream; each synchronous call enqueues and waits).  --sweep adds step time vs
  * context length (B = 1, 32 heads, S = 1k .. 64k; 1k .. 4k with --quick) for fp16, 2-bit and
  * 4-bit, the data of scripts/plot_bench.py. */
 #include <math.h>
@@ -29,7 +30,8 @@
 
 static const char bench_usage[] =
     "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
-    "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS] [--help] [--version]\n"
+    "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS] [--stream]\n"
+    "                  [--help] [--version]\n"
     "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
     "results against a double-precision reference, and prints one table line per shape (stdout,\n"
     "flushed as it goes; progress on stderr).  On host threads the default shapes are reduced.\n";
@@ -63,7 +65,7 @@ static float urand(void) { /* [-1, 1) */
 typedef struct shape { int B, H, S; } shape;
 
 static kivi_context *ctx;
-static int on_gpu, reps = 20;
+static int on_gpu, reps = 20, use_stream;
 
 /* Fills B sequences of S tokens (fp16 input from device memory, 4096-token chunks of random
  * data reused along the sequence) and returns the cache.  k0/v0 receive sequence 0's tokens. */
@@ -117,6 +119,7 @@ static double time_decode(kivi_cache *c, int B, int HQ, int D, const float *q, f
   TRY(kivi_context_alloc(ctx, qn * 4, &dq));
   TRY(kivi_context_alloc(ctx, qn * 4, &dout));
   TRY(kivi_context_upload(ctx, dq, q, qn * 4));
+  if (use_stream) TRY(kivi_cache_set_stream(c, KIVI_STREAM_LIBRARY)); /* each call: enqueue + wait */
   const float scale = 1.0f / sqrtf((float)D);
   for (int i = 0; i < 3; ++i)
     TRY(kivi_attention_decode(c, 0, B, ids, HQ, (const float *)dq, scale, dout, KIVI_F32, KIVI_MEM_DEVICE));
@@ -129,6 +132,7 @@ static double time_decode(kivi_cache *c, int B, int HQ, int D, const float *q, f
   qsort(t, (size_t)reps, sizeof(double), cmp_double);
   const double med = t[reps / 2];
   TRY(kivi_context_download(ctx, out, dout, qn * 4));
+  if (use_stream) TRY(kivi_cache_set_stream(c, NULL));
   kivi_context_free(ctx, dq);
   kivi_context_free(ctx, dout);
   free(t);
@@ -185,6 +189,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--skip-append")) skip_append = 1;
     else if (!strcmp(argv[i], "--sweep")) sweep = 1;
     else if (!strcmp(argv[i], "--skip-decode")) skip_decode = 1;
+    else if (!strcmp(argv[i], "--stream")) use_stream = 1;
     else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) kv_heads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--stack") && i + 1 < argc) stack_layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[++i], "%d,%d,%d", &one.B, &one.H, &one.S) == 3 &&
@@ -216,7 +221,8 @@ int main(int argc, char **argv) {
   const shape small[] = {{1, 4, 512}, {2, 4, 2048}, {4, 8, 1024}};
   const shape *shapes = one.B ? &one : quick ? small : full; /* --shape: that decode shape only */
   const int nshapes = skip_decode ? 0 : one.B ? 1 : quick ? 3 : 5, D = 128, bits[2] = {2, 4};
-  printf("\ndecode step, D=%d, G=32, R=128, MHA, median of %d calls (wall, synchronous)\n", D, reps);
+  printf("\ndecode step, D=%d, G=32, R=128, MHA, median of %d calls (wall, synchronous%s)\n", D, reps,
+         use_stream ? ", on a CUDA stream" : "");
   printf("%5s %4s %7s %5s | %10s %9s %8s | %10s %8s | %7s %9s\n", "B", "H", "S", "bits", "time_us", "MB_read",
          "GB/s", "fp16_us", "fp16GB/s", "speedup", "rel_err");
   int first = 1;

@@ -1,10 +1,11 @@
 /* kivi_layers: the decode step of a whole layer stack (Llama-shaped, synthetic data), run with the
- * synchronous calls and with the asynchronous ones, side by side.
+ * synchronous calls, with the asynchronous ones, and with the asynchronous ones on a CUDA stream
+ * (kivi_cache_set_stream), side by side.
  *
  * Each step, on every layer: append the new token's K/V, then decode attention for it — inputs
  * and outputs in device memory, as in a code that keeps its model on the GPU.  The synchronous
- * run waits in every call; the asynchronous run enqueues all layers' calls and waits once per
- * step.  Two caches get the same data, so the outputs of the two runs must be bit-identical.
+ * run waits in every call; the asynchronous runs enqueue all layers' calls and wait once per
+ * step.  Each run gets its own cache with the same data, so the outputs must be bit-identical.
  *
  *   kivi_layers [--layers 30] [--heads 32] [--kv-heads 32] [--head-dim 128] [--context 4096]
  *               [--batch 1] [--steps 20] [--bits 2] [--lanes 8] [--chain 0] [--device default|host|N]
@@ -17,9 +18,13 @@
  *
  * --chain 1: before each layer, a target region of the example's own derives the layer's q from
  * the previous layer's output (enqueued with depend(in: d[0]) on the cache's dependence), so
- * the layers depend on each other as in a model, whatever the lanes.
+ * the layers depend on each other as in a model, whatever the lanes.  The stream run is skipped
+ * (the example's own region is not on the stream).
+ * --chain 2: each layer's q is the previous layer's output itself: the same dependence with no
+ * work of the example's, so all three runs take part (the asynchronous run then uses one lane).
  *
- * Prints the wall time per step (per token) of each run. */
+ * Prints the wall time per step (per token) of each run.  The stream run needs a GPU and the
+ * CUDA driver; elsewhere it is reported as unavailable. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,9 +48,10 @@ int main(int argc, char **argv) {
   const char *json = NULL;
   static const char usage[] =
       "usage: kivi_layers [--layers N] [--heads N] [--kv-heads N] [--head-dim N] [--context N]\n"
-      "                   [--batch N] [--steps N] [--bits 2|4|8|16] [--lanes 1..8] [--chain 0|1]\n"
+      "                   [--batch N] [--steps N] [--bits 2|4|8|16] [--lanes 1..8] [--chain 0|1|2]\n"
       "                   [--device default|host|N] [--json F] [--help] [--version]\n"
-      "A decode step over many layers with the synchronous and the asynchronous calls, side by side.\n";
+      "A decode step over many layers with the synchronous and the asynchronous calls, and the\n"
+      "asynchronous ones on a CUDA stream, side by side.\n";
   const int info_rc = kivi_cli_info(argc, argv, "kivi_layers", kivi_version_string(), usage);
   if (info_rc >= 0) return info_rc;
   for (int i = 1; i < argc; ++i) {
@@ -61,8 +67,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--json")) json = v;
     else device = !strcmp(v, "host") ? KIVI_DEVICE_HOST : !strcmp(v, "default") ? KIVI_DEVICE_DEFAULT : atoi(v);
   }
-  if (s.layers < 1 || s.HQ < 1 || s.H < 1 || s.HQ % s.H || s.context < 1 || s.batch < 1 || s.steps < 1) {
-    fprintf(stderr, "kivi_layers: bad sizes: layers, heads, kv-heads (dividing heads), context, batch and steps must be >= 1\n");
+  if (s.layers < 1 || s.HQ < 1 || s.H < 1 || s.HQ % s.H || s.context < 1 || s.batch < 1 || s.steps < 1 ||
+      s.chain < 0 || s.chain > 2) {
+    fprintf(stderr, "kivi_layers: bad sizes: layers, heads, kv-heads (dividing heads), context, batch and steps must be >= 1, chain 0, 1 or 2\n");
     return 2;
   }
   kivi_context *ctx = NULL;
@@ -71,48 +78,80 @@ int main(int argc, char **argv) {
   CHECK(kivi_context_get_info(ctx, &info));
   stack_inputs in;
   CHECK(stack_inputs_init(&in, ctx, &s));
-  /* two caches with the same prompt: run 0 synchronous, run 1 asynchronous */
+  /* a cache per run with the same prompt: 0 synchronous, 1 asynchronous, 2 asynchronous on a stream */
+  enum { RUNS = 3 };
+  static const char *names[RUNS] = {"synchronous (append + decode, wait in each)",
+                                    "asynchronous (all layers enqueued, one wait)",
+                                    "asynchronous on a CUDA stream (one wait)"};
   const size_t nout = (size_t)s.layers * s.batch * s.HQ * s.D;
-  kivi_cache *cache[2] = {NULL, NULL};
-  void *dout[2];
-  double *step_s[2], med[2], mean[2];
-  for (int r = 0; r < 2; ++r) {
-    CHECK(stack_cache(&in, &s, &cache[r]));
+  kivi_cache *cache[RUNS] = {NULL, NULL, NULL};
+  void *dout[RUNS] = {NULL, NULL, NULL};
+  double *step_s[RUNS] = {NULL, NULL, NULL}, med[RUNS] = {0, 0, 0}, mean[RUNS] = {0, 0, 0};
+  int ran[RUNS] = {1, 1, 0};
+  kivi_status stream_st = KIVI_ERR_UNSUPPORTED;
+  for (int r = 0; r < RUNS; ++r) {
+    stack_shape sr = s;
+    if (r == 1 && s.chain == 2) sr.lanes = 1; /* the layers' decodes must run in order */
+    CHECK(stack_cache(&in, &sr, &cache[r]));
+    if (r == 2) {
+      stream_st = s.chain == 1 ? KIVI_ERR_UNSUPPORTED : kivi_cache_set_stream(cache[r], KIVI_STREAM_LIBRARY);
+      ran[r] = stream_st == KIVI_OK;
+      if (!ran[r]) continue;
+    }
     CHECK(kivi_context_alloc(ctx, nout * 4, &dout[r]));
     step_s[r] = malloc((size_t)s.steps * sizeof(double));
-    CHECK(stack_steps(&in, &s, cache[r], r, dout[r], step_s[r]));
+    CHECK(stack_steps(&in, &sr, cache[r], r > 0, dout[r], step_s[r]));
     stack_median_mean(step_s[r], s.steps, &med[r], &mean[r]);
   }
   /* the last step's outputs of every layer: identical bits? */
   float *o0 = malloc(nout * 4), *o1 = malloc(nout * 4);
+  int identical = 1;
   CHECK(kivi_context_download(ctx, o0, dout[0], nout * 4));
-  CHECK(kivi_context_download(ctx, o1, dout[1], nout * 4));
-  const int identical = !memcmp(o0, o1, nout * 4);
-  kivi_cache_stats st;
+  for (int r = 1; r < RUNS; ++r) {
+    if (!ran[r]) continue;
+    CHECK(kivi_context_download(ctx, o1, dout[r], nout * 4));
+    identical &= !memcmp(o0, o1, nout * 4);
+  }
+  kivi_cache_stats st, sst = {0};
   CHECK(kivi_cache_get_stats(cache[0], &st));
+  if (ran[2]) CHECK(kivi_cache_get_stats(cache[2], &sst));
   printf("decode step of %d layers: %d q-heads / %d kv-heads x %d, %d-bit cache, batch %d, context %d, on %s, "
          "%d async lane%s%s\n", s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context,
-         info.on_gpu ? "the GPU" : "host threads", s.lanes, s.lanes == 1 ? "" : "s", s.chain ? ", layers chained" : "");
+         info.on_gpu ? "the GPU" : "host threads", s.lanes, s.lanes == 1 ? "" : "s",
+         s.chain == 1 ? ", layers chained (q from the previous output, by the example's kernel)"
+         : s.chain == 2 ? ", layers chained (q = the previous output)" : "");
   printf("%-44s %12s %12s %10s\n", "", "median µs", "mean µs", "per layer");
-  printf("%-44s %12.1f %12.1f %10.1f\n", "synchronous (append + decode, wait in each)", 1e6 * med[0], 1e6 * mean[0],
-         1e6 * med[0] / s.layers);
-  printf("%-44s %12.1f %12.1f %10.1f\n", "asynchronous (all layers enqueued, one wait)", 1e6 * med[1], 1e6 * mean[1],
-         1e6 * med[1] / s.layers);
-  if (!info.on_gpu) printf("(host threads: the asynchronous calls run synchronously, so the two runs do the same)\n");
-  printf("speedup %.2fx; outputs of the two runs %s; cache %.1f MB for %lld tokens (fp16: %.1f MB)\n", med[0] / med[1],
-         identical ? "bit-identical" : "DIFFERENT", st.total_bytes / 1e6, (long long)st.tokens, st.fp16_bytes / 1e6);
+  for (int r = 0; r < RUNS; ++r) {
+    if (ran[r])
+      printf("%-44s %12.1f %12.1f %10.1f\n", names[r], 1e6 * med[r], 1e6 * mean[r], 1e6 * med[r] / s.layers);
+    else
+      printf("%-44s %s\n", names[r], s.chain == 1 ? "(skipped: --chain 1 orders with an OpenMP task)"
+                                                  : kivi_status_string(stream_st));
+  }
+  if (!info.on_gpu) printf("(host threads: the asynchronous calls run synchronously, so the runs do the same)\n");
+  if (ran[2])
+    printf("stream: %lld kernels launched on it, %lld regions after a wait\n", (long long)sst.stream_kernels,
+           (long long)sst.stream_waits);
+  printf("speedup %.2fx (asynchronous); outputs of the runs %s; cache %.1f MB for %lld tokens (fp16: %.1f MB)\n",
+         med[0] / med[1], identical ? "bit-identical" : "DIFFERENT", st.total_bytes / 1e6,
+         (long long)st.tokens, st.fp16_bytes / 1e6);
+  if (ran[2]) printf("speedup %.2fx (stream)\n", med[0] / med[2]);
   if (json) {
     FILE *f = fopen(json, "w");
     if (f) {
       fprintf(f, "{\"layers\": %d, \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"bits\": %d, \"batch\": %d, "
                  "\"context\": %d, \"steps\": %d, \"lanes\": %d, \"chain\": %d, \"on_gpu\": %s,\n \"sync_median_us\": %.2f, \"sync_mean_us\": %.2f, "
-                 "\"async_median_us\": %.2f, \"async_mean_us\": %.2f, \"identical\": %s}\n",
+                 "\"async_median_us\": %.2f, \"async_mean_us\": %.2f, ",
               s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context, s.steps, s.lanes, s.chain, info.on_gpu ? "true" : "false", 1e6 * med[0],
-              1e6 * mean[0], 1e6 * med[1], 1e6 * mean[1], identical ? "true" : "false");
+              1e6 * mean[0], 1e6 * med[1], 1e6 * mean[1]);
+      if (ran[2])
+        fprintf(f, "\"stream_median_us\": %.2f, \"stream_mean_us\": %.2f, \"stream_kernels\": %lld, \"stream_waits\": %lld, ",
+                1e6 * med[2], 1e6 * mean[2], (long long)sst.stream_kernels, (long long)sst.stream_waits);
+      fprintf(f, "\"identical\": %s}\n", identical ? "true" : "false");
       fclose(f);
     }
   }
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < RUNS; ++r) {
     kivi_cache_destroy(cache[r]);
     kivi_context_free(ctx, dout[r]);
     free(step_s[r]);

@@ -15,7 +15,8 @@
 typedef struct stack_shape {
   int layers, HQ, H, D, batch, context, steps, bits;
   int lanes; /* the cache's async_lanes */
-  int chain; /* 1: each layer's q is derived from the previous layer's output (stack_chain_q) */
+  int chain; /* 1: each layer's q is derived from the previous layer's output by a target region
+                of the caller (stack_chain_q); 2: each layer's q is the previous layer's output */
 } stack_shape;
 
 /* The step inputs on the device (the same for every run, so runs can be compared bit for bit). */
@@ -137,9 +138,11 @@ static inline kivi_status stack_chain_q(const stack_inputs *in, kivi_cache *c, i
 
 /* Runs the steps on c; step_s[steps]: wall time of each step; dout (device,
  * [layers][batch][HQ][D]) holds the last step's outputs.  async: all layers' calls enqueued and
- * one kivi_cache_wait per step; otherwise the synchronous calls.  chain: before each layer, its
- * q from the previous layer's output (stack_chain_q), so the layers depend on each other as in a
- * model; without it the layers' calls are independent (synthetic data). */
+ * one kivi_cache_wait per step; otherwise the synchronous calls.  chain: each layer's q from the
+ * previous layer's output (1: through stack_chain_q; 2: the output itself, which needs no work of
+ * the caller and so also serves a cache on a CUDA stream), so the layers depend on each other as
+ * in a model; without it the layers' calls are independent (synthetic data).  chain 2 on an
+ * enqueued run needs a cache with one lane (the decode of layer l reads what layer l - 1's wrote). */
 static inline kivi_status stack_steps(const stack_inputs *in, const stack_shape *s, kivi_cache *c, int async,
                                       void *dout, double *step_s) {
   const size_t tok = (size_t)s->H * s->D, qrow = (size_t)s->batch * s->HQ * s->D;
@@ -152,9 +155,11 @@ static inline kivi_status stack_steps(const stack_inputs *in, const stack_shape 
     for (int l = 0; l < s->layers && !st; ++l) {
       const float *q = (const float *)in->dq + ((size_t)step * s->layers + l) * qrow;
       float *o = (float *)dout + (size_t)l * qrow;
-      if (s->chain) {
+      if (s->chain == 1) {
         st = stack_chain_q(in, c, async, q, l ? o - qrow : NULL, qrow);
         q = in->dqc;
+      } else if (s->chain == 2 && l) {
+        q = o - qrow;
       }
       if (!st)
         st = async ? kivi_cache_append_async(c, l, s->batch, in->ids, in->ones, k, v, KIVI_F32, KIVI_MEM_DEVICE)

@@ -276,7 +276,11 @@ typedef struct kivi_cache_stats {
   int64_t free_blocks;      /**< R-token blocks still free, summed over the layers' pools */
   int64_t total_blocks;     /**< R-token blocks of the layers' pools, summed over the layers
                                  (each layer's pool holds ceil(pool_tokens / R) of them) */
-  int64_t reserved[5];      /**< written as 0; later versions may report more here */
+  int64_t stream_kernels;   /**< kernels launched on the cache's CUDA stream (kivi_cache_set_stream()),
+                                 counted since the stream was set; 0 without a stream */
+  int64_t stream_waits;     /**< regions that could not be launched on the stream and ran through
+                                 the OpenMP runtime after waiting for it (same count) */
+  int64_t reserved[3];      /**< written as 0; later versions may report more here */
 } kivi_cache_stats;
 
 /** Fills `stats`; ::KIVI_ERR_ARG for NULL arguments. */
@@ -451,6 +455,51 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend_async(kivi_cache *cach
 KIVI_API kivi_status kivi_cache_wait(kivi_cache *cache);
 /** The address the cache's enqueued regions name in their depend clauses; NULL for NULL. */
 KIVI_API void *kivi_cache_dependence(kivi_cache *cache);
+/** @} */
+
+/* ---- a CUDA stream ------------------------------------------------------------------------ */
+
+/** @name A CUDA stream
+ * The OpenMP offload runtime makes the host wait for each region (LLVM 19: 20-30 us a region
+ * on an H200) or, for enqueued regions that depend on one another, starts each only after the
+ * one before it has finished (about as long).  A model's decode step is a chain of such calls,
+ * so its host time, not its kernels, sets the pace.  With a stream set, a cache's device work
+ * goes instead onto a CUDA stream, in call order, launched with the CUDA driver (about 3 us of
+ * host time a kernel, no wait): the GPU orders the work, and the caller's own kernels and
+ * vendor libraries (cuBLAS...) on the same stream are ordered with it.  The kernels are the
+ * same OpenMP target regions; the results are bit-identical to the other routes.
+ *   - Every call on the cache, synchronous or _async, enqueues its device work on the stream.
+ *     The _async calls return at once; kivi_cache_wait() waits for the stream and reports
+ *     run-time errors exactly as described above (::KIVI_ERR_NONFINITE, with the same rollback).
+ *     The synchronous calls enqueue and then wait, so they keep their meaning.
+ *   - Device-memory inputs are read, and device-memory outputs written, in stream order: a
+ *     kernel the caller enqueues on the stream after a call sees its outputs; one enqueued before
+ *     it may write its inputs.  Host-memory outputs arrive at the wait.
+ *   - The decode calls and a decode step's appends launch on the stream directly with the
+ *     GPU fast path's kernels (2- or 4-bit, head_dim 128, G = 32); other work (a prefill's
+ *     append, the portable kernels) first waits for the stream and then runs through the OpenMP
+ *     runtime, in order but without the gain.  kivi_cache_stats counts both.
+ *   - kivi_cache_dependence() does not order anything with the stream's work.
+ * Needs a build with offload, a GPU context, and the CUDA driver (libcuda.so.1, opened at run
+ * time; the library does not link CUDA).  The stream must belong to the device's primary
+ * context, the one the CUDA runtime uses (any cudaStream_t created on that device does).
+ * @{ */
+
+/** kivi_cache_set_stream(): a stream the cache creates, owns and destroys. */
+#define KIVI_STREAM_LIBRARY ((void *)(intptr_t)-1)
+
+/** Routes the cache's device work onto a CUDA stream (a CUstream / cudaStream_t of the cache's
+ * device, which the caller keeps alive until the stream is unset or the cache destroyed), onto
+ * a stream of its own (::KIVI_STREAM_LIBRARY), or back to the OpenMP runtime (NULL).  It waits
+ * first for the work enqueued so far (kivi_cache_wait()): if that wait reports an error, the
+ * route is not changed and that status is returned.
+ * @return ::KIVI_OK; ::KIVI_ERR_ARG for a NULL cache; ::KIVI_ERR_UNSUPPORTED on a host context, in
+ *         a build without offload, or where the CUDA driver cannot be opened; ::KIVI_ERR_DEVICE
+ *         if the driver refuses the device image or the stream; ::KIVI_ERR_NOMEM.  On an error
+ *         the cache keeps the route it had. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_cache_set_stream(kivi_cache *cache, void *stream);
+/** The cache's stream (the library's own for ::KIVI_STREAM_LIBRARY), NULL without one. */
+KIVI_API kivi_status kivi_cache_get_stream(const kivi_cache *cache, void **stream);
 /** @} */
 
 #ifdef __cplusplus

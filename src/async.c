@@ -83,7 +83,27 @@ void kivi_async_get(kivi_cache *c, int lane, void *dst_host, const void *src_dev
   for (int64_t i = 0; i < n; ++i) d[i] = s[i];
 }
 
+kivi_status kivi_call_begin(kivi_cache *c, int enqueue, int *run) {
+  if (!c) return KIVI_ERR_ARG;
+  if (!enqueue) {
+    const kivi_status st = kivi_async_drain(c);
+    if (st) return st;
+  }
+  *run = c->stream ? KIVI_RUN_STREAM : enqueue && c->ctx->on_gpu ? KIVI_RUN_ENQUEUE : KIVI_RUN_SYNC;
+  if (c->stream) kivi_stream_enter(c);
+  return KIVI_OK;
+}
+
+kivi_status kivi_call_end(kivi_cache *c, int enqueue, kivi_status st) {
+  if (!c->stream) return st;
+  kivi_stream_leave(c);
+  if (enqueue) return st;
+  const kivi_status w = kivi_async_drain(c);
+  return st ? st : w;
+}
+
 int kivi_async_reserve(kivi_cache *c, kivi_scratch *s, size_t bytes) {
+  if (bytes > s->bytes && c->stream && kivi_stream_sync(c)) return -1; /* the stream may still use it */
   if (bytes > s->bytes && c->pending) {
     /* the enqueued regions may still use the old allocation: let them finish (an error they
      * report stays recorded in the flag and comes back from the next wait) */
@@ -99,18 +119,27 @@ kivi_status kivi_async_drain(kivi_cache *c) {
   char *dep = c->dep;
   (void)dep; /* named only in depend clauses */
 #pragma omp taskwait depend(inout : dep[0])
-  /* the layers' flags, 64 at a time: on each layer with a failed append, undo it and the
-   * layer's later ones, newest first, then clear the flag */
+  /* The layers' flags tell whether an enqueued append failed; with no append enqueued since the
+   * last wait they are all 0 (every wait clears them).  On a stream they are read back in
+   * stream order, after its work, in the same wait. */
+  enum { CHUNK = 64, NSTACK = 256 };
+  const int NL = c->cfg.n_layers, nflags = c->n_log ? NL : 0;
+  int64_t stack_flags[NSTACK];
+  int64_t *flags = nflags > NSTACK ? malloc((size_t)nflags * sizeof *flags) : stack_flags;
+  if (!flags) return KIVI_ERR_NOMEM; /* nothing consumed: the next wait does it all */
   kivi_status st = KIVI_OK;
-  enum { CHUNK = 64 };
-  const int NL = c->cfg.n_layers;
-  for (int l0 = 0; l0 < NL && st != KIVI_ERR_DEVICE; l0 += CHUNK) {
+  if (nflags && c->stream && kivi_stream_get(c, flags, c->aflag, (size_t)nflags * sizeof *flags))
+    st = KIVI_ERR_DEVICE;
+  /* the stream's work (and the host outputs it delivers); a failure there is a device error */
+  if (kivi_stream_sync(c)) st = KIVI_ERR_DEVICE;
+  if (!st && nflags && !c->stream && kivi_dev_get(c->ctx, flags, c->aflag, (size_t)nflags * sizeof *flags))
+    st = KIVI_ERR_DEVICE;
+  /* on each layer with a failed append, undo it and the layer's later ones, newest first, then
+   * clear the flag (64 layers at a time) */
+  for (int l0 = 0; l0 < nflags && (st == KIVI_OK || st == KIVI_ERR_NONFINITE); l0 += CHUNK) {
     const int nl = NL - l0 < CHUNK ? NL - l0 : CHUNK;
     int64_t failed[CHUNK];
-    if (kivi_dev_get(c->ctx, failed, c->aflag + l0, (size_t)nl * sizeof *failed)) {
-      st = KIVI_ERR_DEVICE;
-      break;
-    }
+    memcpy(failed, flags + l0, (size_t)nl * sizeof *failed);
     int any = 0;
     for (int l = 0; l < nl; ++l) any |= failed[l] != 0;
     if (!any) continue;
@@ -124,6 +153,7 @@ kivi_status kivi_async_drain(kivi_cache *c) {
     st = kivi_dev_put(c->ctx, c->aflag + l0, failed, (size_t)nl * sizeof *failed) ? KIVI_ERR_DEVICE
                                                                                  : KIVI_ERR_NONFINITE;
   }
+  if (flags != stack_flags) free(flags);
   for (size_t i = 0; i < c->n_log; ++i) free(c->log[i].seq_ids);
   for (size_t i = 0; i < c->n_keep; ++i) free(c->keep[i]);
   c->n_log = c->n_keep = 0;

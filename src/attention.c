@@ -108,7 +108,8 @@ static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, i
 /* Host input to device memory: a synchronous copy, or (async) a copy the cache keeps until the
  * wait, uploaded in order.  KIVI_ERR_NOMEM / KIVI_ERR_DEVICE on failure. */
 static kivi_status put_input(kivi_cache *c, int async, int lane, void *dst, const void *src, size_t bytes) {
-  if (!async) return kivi_dev_put(c->ctx, dst, src, bytes) ? KIVI_ERR_DEVICE : KIVI_OK;
+  if (async == KIVI_RUN_SYNC) return kivi_dev_put(c->ctx, dst, src, bytes) ? KIVI_ERR_DEVICE : KIVI_OK;
+  if (async == KIVI_RUN_STREAM) return kivi_stream_put(c, dst, src, bytes) ? KIVI_ERR_DEVICE : KIVI_OK;
   const void *k = kivi_async_keep_copy(c, src, bytes);
   if (!k) return KIVI_ERR_NOMEM;
   kivi_async_put(c, lane, dst, k, bytes);
@@ -116,7 +117,8 @@ static kivi_status put_input(kivi_cache *c, int async, int lane, void *dst, cons
 }
 
 static int get_output(kivi_cache *c, int async, int lane, void *dst, const void *src, size_t bytes) {
-  if (!async) return kivi_dev_get(c->ctx, dst, src, bytes);
+  if (async == KIVI_RUN_SYNC) return kivi_dev_get(c->ctx, dst, src, bytes);
+  if (async == KIVI_RUN_STREAM) return kivi_stream_get(c, dst, src, bytes);
   kivi_async_get(c, lane, dst, src, bytes);
   return 0;
 }
@@ -163,7 +165,8 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
   const int fastk = pl->nf > 0 || pl->fused; /* the fast path's kernel runs */
   if (fastk) {
-    const int64_t *hdk = async ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
+    /* enqueued: a copy kept until the wait (the stream route copies it at the launch) */
+    const int64_t *hdk = async == KIVI_RUN_ENQUEUE ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
     if (!hdk) return KIVI_ERR_NOMEM;
     kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots, pl->gqa,
                          q, qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
@@ -298,16 +301,19 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
 
 kivi_status kivi_attention_decode(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
                                   const float *q, float scale, void *out, kivi_dtype out_dtype, kivi_mem mem) {
-  if (!c) return KIVI_ERR_ARG;
-  const kivi_status st = kivi_async_drain(c);
-  return st ? st : decode_impl(c, layer, n_seqs, seq_ids, n_q_heads, q, scale, out, out_dtype, mem, 0);
+  int run;
+  const kivi_status st = kivi_call_begin(c, 0, &run);
+  return st ? st
+            : kivi_call_end(c, 0, decode_impl(c, layer, n_seqs, seq_ids, n_q_heads, q, scale, out, out_dtype, mem, run));
 }
 
 kivi_status kivi_attention_decode_async(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
                                         const float *q, float scale, void *out, kivi_dtype out_dtype,
                                         kivi_mem mem) {
-  if (!c) return KIVI_ERR_ARG;
-  return decode_impl(c, layer, n_seqs, seq_ids, n_q_heads, q, scale, out, out_dtype, mem, c->ctx->on_gpu);
+  int run;
+  const kivi_status st = kivi_call_begin(c, 1, &run);
+  return st ? st
+            : kivi_call_end(c, 1, decode_impl(c, layer, n_seqs, seq_ids, n_q_heads, q, scale, out, out_dtype, mem, run));
 }
 
 static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *q_lens,
@@ -374,16 +380,19 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
 kivi_status kivi_attention_extend(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *q_lens,
                                   int n_q_heads, const float *q, const float *k_new, const float *v_new,
                                   float scale, float *out, float *lse, kivi_mem mem) {
-  if (!c) return KIVI_ERR_ARG;
-  const kivi_status st = kivi_async_drain(c);
+  int run;
+  const kivi_status st = kivi_call_begin(c, 0, &run);
   return st ? st
-            : extend_impl(c, layer, n_seqs, seq_ids, q_lens, n_q_heads, q, k_new, v_new, scale, out, lse, mem, 0);
+            : kivi_call_end(c, 0, extend_impl(c, layer, n_seqs, seq_ids, q_lens, n_q_heads, q, k_new, v_new, scale,
+                                              out, lse, mem, run));
 }
 
 kivi_status kivi_attention_extend_async(kivi_cache *c, int layer, int n_seqs, const int *seq_ids,
                                         const int *q_lens, int n_q_heads, const float *q, const float *k_new,
                                         const float *v_new, float scale, float *out, float *lse, kivi_mem mem) {
-  if (!c) return KIVI_ERR_ARG;
-  return extend_impl(c, layer, n_seqs, seq_ids, q_lens, n_q_heads, q, k_new, v_new, scale, out, lse, mem,
-                     c->ctx->on_gpu);
+  int run;
+  const kivi_status st = kivi_call_begin(c, 1, &run);
+  return st ? st
+            : kivi_call_end(c, 1, extend_impl(c, layer, n_seqs, seq_ids, q_lens, n_q_heads, q, k_new, v_new, scale,
+                                              out, lse, mem, run));
 }

@@ -93,6 +93,7 @@ const char *kivi_cache_config_reason(const kivi_cache_config *c) {
 void kivi_cache_destroy(kivi_cache *c) {
   if (!c) return;
   (void)kivi_async_drain(c); /* enqueued work must finish before its memory goes */
+  kivi_stream_close(c->stream);
   free(c->log);
   free(c->keep);
   const kivi_context *ctx = c->ctx;
@@ -428,7 +429,9 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   int64_t flag_out = 0; /* the flag after the kernels (synchronous calls) */
 
 #define KIVI_REGION_FILE "cache_append.inc"
+#define KIVI_REGION_STREAM /* its synchronous copy reads the layer's flag back */
 #include "region_twice.inc"
+#undef KIVI_REGION_STREAM
 #undef KIVI_REGION_FILE
 
   /* Was the input finite?  If not, the kernels changed nothing but block-table entries past
@@ -449,20 +452,40 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
 
 kivi_status kivi_cache_append(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new,
                               const void *k, const void *v, kivi_dtype dtype, kivi_mem mem) {
-  if (!c) return KIVI_ERR_ARG;
-  const kivi_status st = kivi_async_drain(c);
-  return st ? st : append_impl(c, layer, n_seqs, seq_ids, n_new, k, v, dtype, mem, 0);
+  int run;
+  const kivi_status st = kivi_call_begin(c, 0, &run);
+  return st ? st : kivi_call_end(c, 0, append_impl(c, layer, n_seqs, seq_ids, n_new, k, v, dtype, mem, run));
 }
 
 kivi_status kivi_cache_append_async(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new,
                                     const void *k, const void *v, kivi_dtype dtype, kivi_mem mem) {
-  if (!c) return KIVI_ERR_ARG;
-  return append_impl(c, layer, n_seqs, seq_ids, n_new, k, v, dtype, mem, c->ctx->on_gpu);
+  int run;
+  const kivi_status st = kivi_call_begin(c, 1, &run);
+  return st ? st : kivi_call_end(c, 1, append_impl(c, layer, n_seqs, seq_ids, n_new, k, v, dtype, mem, run));
 }
 
 kivi_status kivi_cache_last_kernels(const kivi_cache *c, unsigned *kernels) {
   if (!c || !kernels) return KIVI_ERR_ARG;
   *kernels = c->last_kernels;
+  return KIVI_OK;
+}
+
+/* ---- the stream route (stream.c) ---- */
+
+kivi_status kivi_cache_set_stream(kivi_cache *c, void *stream) {
+  if (!c) return KIVI_ERR_ARG;
+  kivi_status st = kivi_async_drain(c);
+  if (st) return st;
+  kivi_stream *s = NULL;
+  if (stream && (st = kivi_stream_open(c, stream, &s))) return st;
+  kivi_stream_close(c->stream);
+  c->stream = s;
+  return KIVI_OK;
+}
+
+kivi_status kivi_cache_get_stream(const kivi_cache *c, void **stream) {
+  if (!c || !stream) return KIVI_ERR_ARG;
+  *stream = kivi_stream_handle(c);
   return KIVI_OK;
 }
 
@@ -500,6 +523,7 @@ kivi_status kivi_cache_get_stats(const kivi_cache *c, kivi_cache_stats *s) {
                        (size_t)c->cfg.max_seqs * c->cfg.n_layers * (c->max_blocks ? c->max_blocks : 1) * 4;
   s->free_blocks = c->n_free;
   s->total_blocks = c->n_blocks;
+  kivi_stream_counts(c, &s->stream_kernels, &s->stream_waits);
   return KIVI_OK;
 }
 

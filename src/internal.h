@@ -119,6 +119,7 @@ struct kivi_cache {
   size_t n_log, cap_log;
   void **keep;             /* host buffers the enqueued regions read, freed by the wait */
   size_t n_keep, cap_keep;
+  struct kivi_stream *stream; /* kivi_cache_set_stream (stream.c), or NULL */
 };
 
 typedef struct kivi_async_append {
@@ -127,7 +128,35 @@ typedef struct kivi_async_append {
   int *seq_ids, *n_new; /* one allocation: seq_ids then n_new */
 } kivi_async_append;
 
-/* async.c */
+/* How a call runs its device work (the `async` argument of the implementations): synchronous
+ * regions; regions enqueued with `nowait` on the lanes (the _async calls on a GPU); or, on a
+ * cache with a stream, regions launched on the stream (stream.c) with the bookkeeping of the
+ * enqueued calls (kept inputs, logged appends, the wait's error check). */
+enum { KIVI_RUN_SYNC = 0, KIVI_RUN_ENQUEUE = 1, KIVI_RUN_STREAM = 2 };
+
+/* stream.c.  kivi_stream_open makes a stream object for the cache's device (*out), or returns
+ * KIVI_ERR_UNSUPPORTED / _DEVICE / _NOMEM; kivi_stream_close waits for it and frees it.  Between
+ * kivi_stream_enter(c) and kivi_stream_leave(c), the library's target regions run on this
+ * thread go to c's stream.  kivi_stream_sync waits for the stream, delivers host outputs, and
+ * returns -1 if anything failed on it since the last sync.  put/get: copies in stream order
+ * (a host output arrives at the sync). */
+typedef struct kivi_stream kivi_stream;
+kivi_status kivi_stream_open(const kivi_cache *c, void *stream, kivi_stream **out);
+void kivi_stream_close(kivi_stream *s);
+void kivi_stream_enter(kivi_cache *c);
+void kivi_stream_leave(kivi_cache *c);
+int kivi_stream_sync(kivi_cache *c);
+void *kivi_stream_handle(const kivi_cache *c);
+void kivi_stream_counts(const kivi_cache *c, int64_t *launched, int64_t *passed);
+int kivi_stream_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t bytes);
+int kivi_stream_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t bytes);
+
+/* async.c.  A public call begins with kivi_call_begin (enqueue: an _async call; a synchronous
+ * one first waits for the enqueued work, and a failed wait is its status) which picks how it
+ * runs (*run, KIVI_RUN_*) and enters the cache's stream if it has one, and ends with
+ * kivi_call_end, which leaves it and, for a synchronous call on a stream, waits. */
+kivi_status kivi_call_begin(kivi_cache *c, int enqueue, int *run);
+kivi_status kivi_call_end(kivi_cache *c, int enqueue, kivi_status st);
 kivi_status kivi_async_drain(kivi_cache *c);     /* = kivi_cache_wait; KIVI_OK when nothing is pending */
 int kivi_async_keep(kivi_cache *c, void *host);  /* frees host at the next wait; -1 (and frees it) on OOM */
 void *kivi_async_keep_copy(kivi_cache *c, const void *src, size_t bytes); /* a kept copy, or NULL */

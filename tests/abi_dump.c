@@ -37,6 +37,7 @@ int main(void) {
   OFF(kivi_cache_stats, residual_bytes); OFF(kivi_cache_stats, bookkeeping_bytes);
   OFF(kivi_cache_stats, total_bytes); OFF(kivi_cache_stats, fp16_bytes); OFF(kivi_cache_stats, bits_per_element);
   OFF(kivi_cache_stats, allocated_bytes); OFF(kivi_cache_stats, free_blocks); OFF(kivi_cache_stats, total_blocks);
+  OFF(kivi_cache_stats, stream_kernels); OFF(kivi_cache_stats, stream_waits);
   OFF(kivi_cache_stats, reserved);
   return 0;
 }

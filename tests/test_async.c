@@ -1,5 +1,5 @@
-/* Asynchronous execution (kivi.h): the _async calls give bit-identical caches and outputs to the
- * synchronous ones, work enqueued on several caches interleaved equals each cache run alone,
+/* Asynchronous execution (kivi.h): the _async calls, and the calls on a cache with a CUDA stream,
+ * give bit-identical caches and outputs to the synchronous ones, work enqueued on several caches interleaved equals each cache run alone,
  * a run-time error comes back from the wait with the cache as it was before the failed call,
  * invalid arguments fail at the call, and the dependence object orders the caller's own tasks.
  * On a host context the _async calls are synchronous, and the same checks hold. */
@@ -92,6 +92,21 @@ static kivi_cache *geom_cache_lanes(kivi_context *ctx, const geom *g, int lanes)
 
 static kivi_cache *geom_cache(kivi_context *ctx, const geom *g) { return geom_cache_lanes(ctx, g, 1); }
 
+/* Sets a stream of the library's own on c: 1, or 0 where the build or the context has none
+ * (then the call must say so with KIVI_ERR_UNSUPPORTED and leave the route as it was). */
+static int stream_available(kivi_cache *c) {
+  const kivi_status st = kivi_cache_set_stream(c, KIVI_STREAM_LIBRARY);
+  void *h = (void *)1;
+  ck_assert_int_eq(kivi_cache_get_stream(c, &h), KIVI_OK);
+  if (st == KIVI_OK) {
+    ck_assert_ptr_nonnull(h);
+    return 1;
+  }
+  ck_assert_int_eq(st, KIVI_ERR_UNSUPPORTED);
+  ck_assert_ptr_null(h);
+  return 0;
+}
+
 START_TEST(async_equals_sync) {
   kivi_context *ctx = tu_context();
   const geom *g = &GEOMS[_i];
@@ -118,6 +133,101 @@ START_TEST(async_equals_sync) {
   free(ob);
   kivi_cache_destroy(a);
   kivi_cache_destroy(b);
+  kivi_context_destroy(ctx);
+  free_script(&s);
+}
+END_TEST
+
+/* The stream route: the script's calls on a cache with a stream, enqueued (one wait) and
+ * synchronous, give the synchronous run's outputs and cache bit for bit; on the fast path's
+ * geometries its kernels launch on the stream.  A decode step with device-memory inputs and
+ * outputs (what a model on the GPU does) launches every kernel on the stream and waits for none.
+ * Where there is no stream (host context, host build, no CUDA driver) kivi_cache_set_stream says
+ * KIVI_ERR_UNSUPPORTED and the cache keeps working on its route. */
+START_TEST(stream_equals_sync) {
+  kivi_context *ctx = tu_context();
+  const geom *g = &GEOMS[_i];
+  script s = make_script(*g, 30 + (uint64_t)_i);
+  kivi_cache *a = geom_cache(ctx, g), *b = geom_cache(ctx, g), *c = geom_cache(ctx, g);
+  const int on_stream = stream_available(b);
+  if (on_stream) ck_assert_int_eq(stream_available(c), 1);
+  const size_t no = out_floats(g);
+  float *oa = calloc(no, sizeof *oa), *ob = calloc(no, sizeof *ob), *oc = calloc(no, sizeof *oc);
+  ck_assert_int_eq(run_script(a, &s, oa, 0), KIVI_OK);
+  ck_assert_int_eq(run_script(b, &s, ob, 1), KIVI_OK);
+  ck_assert_int_eq(run_script(c, &s, oc, 0), KIVI_OK);
+  ck_assert_int_eq(memcmp(oa, ob, no * sizeof *oa), 0);
+  ck_assert_int_eq(memcmp(oa, oc, no * sizeof *oa), 0);
+  snapshot sa = snap(a), sb = snap(b), sc = snap(c);
+  same(&sa, &sb);
+  same(&sa, &sc);
+  kivi_cache_stats sts;
+  ck_assert_int_eq(kivi_cache_get_stats(b, &sts), KIVI_OK);
+  const int fast = g->D == 128 && g->kb == g->vb && g->kb <= 4;
+  if (on_stream && fast) ck_assert_int_gt(sts.stream_kernels, 0);
+  if (!on_stream) ck_assert_int_eq(sts.stream_kernels + sts.stream_waits, 0);
+  printf("stream %s, K%d V%d D%d: outputs and caches bit-identical to the synchronous run, %lld kernels on the "
+         "stream, %lld regions after a wait\n", on_stream ? "set" : "unsupported here", g->kb, g->vb, g->D,
+         (long long)sts.stream_kernels, (long long)sts.stream_waits);
+
+  /* a decode step on device memory: every kernel on the stream, none waited for */
+  if (on_stream && fast) {
+    const int ids[SEQS] = {0, 1}, ones[SEQS] = {1, 1};
+    const size_t tok = (size_t)SEQS * g->H * g->D, nq = (size_t)SEQS * HQ * g->D;
+    void *dk, *dv, *dq, *dout;
+    ck_assert_int_eq(kivi_context_alloc(ctx, tok * 4, &dk), KIVI_OK);
+    ck_assert_int_eq(kivi_context_alloc(ctx, tok * 4, &dv), KIVI_OK);
+    ck_assert_int_eq(kivi_context_alloc(ctx, nq * 4, &dq), KIVI_OK);
+    ck_assert_int_eq(kivi_context_alloc(ctx, 2 * nq * 4, &dout), KIVI_OK);
+    ck_assert_int_eq(kivi_context_upload(ctx, dk, s.k, tok * 4), KIVI_OK);
+    ck_assert_int_eq(kivi_context_upload(ctx, dv, s.v, tok * 4), KIVI_OK);
+    ck_assert_int_eq(kivi_context_upload(ctx, dq, s.q, nq * 4), KIVI_OK);
+    kivi_cache_stats s0, s1;
+    ck_assert_int_eq(kivi_cache_get_stats(b, &s0), KIVI_OK);
+    kivi_cache *both[2] = {a, b};
+    for (int r = 0; r < 2; ++r)
+      for (int l = 0; l < NL; ++l) {
+        ck_assert_int_eq(kivi_cache_append_async(both[r], l, SEQS, ids, ones, dk, dv, KIVI_F32, KIVI_MEM_DEVICE),
+                         KIVI_OK);
+        ck_assert_int_eq(kivi_attention_decode_async(both[r], l, SEQS, ids, HQ, dq, 0.125f,
+                                                     (float *)dout + (size_t)r * nq, KIVI_F32, KIVI_MEM_DEVICE),
+                         KIVI_OK);
+      }
+    ck_assert_int_eq(kivi_cache_get_stats(b, &s1), KIVI_OK); /* before the wait */
+    ck_assert_int_eq(kivi_cache_wait(a), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_wait(b), KIVI_OK);
+    ck_assert_int_eq(s1.stream_kernels - s0.stream_kernels, 2 * NL);
+    ck_assert_int_eq(s1.stream_waits, s0.stream_waits);
+    float *o2 = malloc(2 * nq * 4);
+    ck_assert_int_eq(kivi_context_download(ctx, o2, dout, 2 * nq * 4), KIVI_OK);
+    ck_assert_int_eq(memcmp(o2, o2 + nq, nq * 4), 0);
+    snapshot ta = snap(a), tb = snap(b);
+    same(&ta, &tb);
+    printf("  decode step on device memory: %d kernels on the stream, no wait, outputs bit-identical\n", 2 * NL);
+    free(ta.bytes);
+    free(tb.bytes);
+    free(o2);
+    kivi_context_free(ctx, dk);
+    kivi_context_free(ctx, dv);
+    kivi_context_free(ctx, dq);
+    kivi_context_free(ctx, dout);
+  }
+  /* back to the OpenMP runtime */
+  ck_assert_int_eq(kivi_cache_set_stream(b, NULL), KIVI_OK);
+  void *h = (void *)1;
+  ck_assert_int_eq(kivi_cache_get_stream(b, &h), KIVI_OK);
+  ck_assert_ptr_null(h);
+  ck_assert_int_eq(kivi_cache_set_stream(NULL, NULL), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_get_stream(b, NULL), KIVI_ERR_ARG);
+  free(sa.bytes);
+  free(sb.bytes);
+  free(sc.bytes);
+  free(oa);
+  free(ob);
+  free(oc);
+  kivi_cache_destroy(a);
+  kivi_cache_destroy(b);
+  kivi_cache_destroy(c);
   kivi_context_destroy(ctx);
   free_script(&s);
 }
@@ -151,6 +261,18 @@ START_TEST(gqa_async_equals_sync) {
   ck_assert_uint_eq(ka, kb);
   kivi_context_info info;
   ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
+  if (info.on_gpu && stream_available(c)) { /* the same call on a stream: one kernel, launched there */
+    kivi_cache_stats s0, s1;
+    ck_assert_int_eq(kivi_cache_get_stats(c, &s0), KIVI_OK);
+    memset(ob, 0, (size_t)NS * HG * D * sizeof *ob);
+    ck_assert_int_eq(kivi_attention_decode(c, 0, NS, ids, HG, q, 0.125f, ob, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_get_stats(c, &s1), KIVI_OK);
+    ck_assert_int_eq(memcmp(oa, ob, (size_t)NS * HG * D * sizeof *oa), 0);
+    ck_assert_int_eq(s1.stream_kernels - s0.stream_kernels, 1);
+    ck_assert_int_eq(s1.stream_waits, s0.stream_waits);
+    ck_assert_int_eq(kivi_cache_set_stream(c, NULL), KIVI_OK);
+    printf("stream = sync, GQA: outputs bit-identical, the kernel launched on the stream\n");
+  }
   ck_assert_uint_eq(ka, info.on_gpu && KIVI_BUILT_WITH_OFFLOAD ? KIVI_KERNEL_GPU_F16X2 | KIVI_KERNEL_GPU_GQA
                                                                : KIVI_KERNEL_PORTABLE);
   printf("async = sync, GQA %d over %d heads, %d rows of %d tokens: outputs bit-identical, kernels %#x\n", HG, H, NS,
@@ -326,14 +448,24 @@ START_TEST(error_reported_by_wait) {
   float q[HQ * 128], out[HQ * 128];
   for (int i = 0; i < HQ * 128; ++i) q[i] = 0.01f * (float)(i % 17);
 
-  /* bit 0: a sync call reports (else the wait); bit 1: n2 = 150; bit 2: a lane per layer */
-  for (int variant = 0; variant < 8; ++variant) {
+  /* bit 0: a sync call reports (else the wait); bit 1: n2 = 150; bit 2: a lane per layer;
+   * bit 3: on a stream (where there is one) */
+  int streams = 0;
+  for (int variant = 0; variant < 16; ++variant) {
     const int n2 = variant & 2 ? n2max : 7;
     memcpy(bad, k + (size_t)n1 * st, (size_t)n2 * st * sizeof *bad);
     bad[3 * st + 5] = NAN;
     ck_assert_int_eq(kivi_context_upload(ctx, dbad, bad, (size_t)n2 * st * sizeof *bad), KIVI_OK);
     const float *k3 = k + (size_t)(n1 + n2) * st, *v3 = v + (size_t)(n1 + n2) * st;
     kivi_cache *c = geom_cache_lanes(ctx, g, variant & 4 ? NL : 1), *ref = geom_cache(ctx, g);
+    if (variant & 8) {
+      if (!stream_available(c)) {
+        kivi_cache_destroy(c);
+        kivi_cache_destroy(ref);
+        continue;
+      }
+      ++streams;
+    }
     ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n1, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
     if (!info.on_gpu) /* synchronous: the append after the failed one does take place */
       ck_assert_int_eq(kivi_cache_append(ref, 0, 1, &seq, &n3, k3, v3, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
@@ -367,8 +499,10 @@ START_TEST(error_reported_by_wait) {
     kivi_cache_destroy(c);
     kivi_cache_destroy(ref);
   }
-  printf("run-time error: %s; its layer as before the failed append, the other layer's append kept\n",
-         info.on_gpu ? "reported by the wait (and by a synchronous call)" : "reported by the call (host: synchronous)");
+  printf("run-time error: %s; its layer as before the failed append, the other layer's append kept (%d variants "
+         "on a stream)\n",
+         info.on_gpu ? "reported by the wait (and by a synchronous call)" : "reported by the call (host: synchronous)",
+         streams);
   kivi_context_free(ctx, dbad);
   free(k);
   free(v);
@@ -436,6 +570,7 @@ int main(void) {
   TCase *t = tcase_create("async");
   tcase_set_timeout(t, 1200);
   tcase_add_loop_test(t, async_equals_sync, 0, (int)(sizeof GEOMS / sizeof GEOMS[0]));
+  tcase_add_loop_test(t, stream_equals_sync, 0, (int)(sizeof GEOMS / sizeof GEOMS[0]));
   tcase_add_test(t, gqa_async_equals_sync);
   tcase_add_test(t, interleaved_caches);
   tcase_add_test(t, lanes_wrap);

@@ -131,7 +131,9 @@ START_TEST(stats_count_blocks_over_layers) {
   ck_assert_int_eq(kivi_cache_get_stats(c, &st), KIVI_OK);
   ck_assert_int_eq(st.total_blocks, NL * 4);
   ck_assert_int_eq(st.free_blocks, NL * 4);
-  for (int i = 0; i < 5; ++i) ck_assert_int_eq(st.reserved[i], 0);
+  for (int i = 0; i < 3; ++i) ck_assert_int_eq(st.reserved[i], 0);
+  ck_assert_int_eq(st.stream_kernels, 0); /* no stream set */
+  ck_assert_int_eq(st.stream_waits, 0);
   fill(c, 0, 130); /* 2 blocks on each layer */
   ck_assert_int_eq(kivi_cache_get_stats(c, &st), KIVI_OK);
   ck_assert_int_eq(st.total_blocks, NL * 4);

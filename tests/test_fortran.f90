@@ -67,6 +67,8 @@ program test_fortran
   call off("kivi_cache_stats.allocated_bytes", c_loc(st), c_loc(st%allocated_bytes))
   call off("kivi_cache_stats.free_blocks", c_loc(st), c_loc(st%free_blocks))
   call off("kivi_cache_stats.total_blocks", c_loc(st), c_loc(st%total_blocks))
+  call off("kivi_cache_stats.stream_kernels", c_loc(st), c_loc(st%stream_kernels))
+  call off("kivi_cache_stats.stream_waits", c_loc(st), c_loc(st%stream_waits))
   call off("kivi_cache_stats.reserved", c_loc(st), c_loc(st%reserved))
 
   ! ---- 2. calls ----
