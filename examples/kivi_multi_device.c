@@ -4,13 +4,16 @@
  *
  *   kivi_multi_device [--parts N] [--layers 32] [--heads 32] [--kv-heads 32] [--head-dim 128]
  *                     [--context 4096] [--batch 1] [--steps 10] [--bits 2] [--host] [--scaling]
- *                     [--max-parts 8] [--json FILE]
+ *                     [--max-parts 8] [--stream] [--json FILE]
  *
  * Part p runs on device p mod (visible devices), or on host threads (--host, or no GPU), driven
  * by a POSIX thread of its own (steps start together at a barrier).  With
  * one GPU every part shares it: the multi-device code path runs, the scaling does not.
  * --scaling: time per step with 1, 2, 4, ... --max-parts parts at a fixed total batch x context
- * (strong) and with the context growing with the parts (weak). */
+ * (strong) and with the context growing with the parts (weak).
+ * --stream: each part's cache gets a CUDA stream of its own (kivi_cache_set_stream) and its
+ * thread enqueues the step's calls there, waiting once per step (where there is no stream —
+ * host threads, no CUDA driver — the parts run the synchronous calls). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,12 +158,12 @@ static int run(const split_shape *s, int parts, int ndev, int check, result *res
 }
 
 int main(int argc, char **argv) {
-  split_shape s = {32, 32, 32, 128, 1, 4096, 10, 2};
+  split_shape s = {32, 32, 32, 128, 1, 4096, 10, 2, 0};
   int parts = 0, host = 0, scaling = 0, max_parts = 8;
   const char *json = NULL;
   static const char usage[] =
       "usage: kivi_multi_device [--parts N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]\n"
-      "  [--context N] [--batch N] [--steps N] [--bits B] [--host] [--scaling] [--max-parts N]\n"
+      "  [--context N] [--batch N] [--steps N] [--bits B] [--host] [--scaling] [--max-parts N] [--stream]\n"
       "  [--json FILE] [--help] [--version]\n"
       "A model-shaped stack with its kv-heads split over every visible GPU, checked against one device;\n"
       "--scaling times strong and weak scaling over 1, 2, 4, ... parts.\n";
@@ -170,6 +173,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--host")) { host = 1; continue; }
     if (!strcmp(a, "--scaling")) { scaling = 1; continue; }
+    if (!strcmp(a, "--stream")) { s.stream = 1; continue; }
     int *iv = !strcmp(a, "--parts") ? &parts : !strcmp(a, "--layers") ? &s.layers : !strcmp(a, "--heads") ? &s.HQ
             : !strcmp(a, "--kv-heads") ? &s.H : !strcmp(a, "--head-dim") ? &s.D : !strcmp(a, "--context") ? &s.context
             : !strcmp(a, "--batch") ? &s.batch : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits
@@ -194,12 +198,13 @@ int main(int argc, char **argv) {
   const int ndev = host || !info.on_gpu ? 0 : info.num_devices;
   if (parts <= 0) parts = ndev > 0 ? ndev : 2;
   if (parts > s.H || parts > 64) parts = s.H < 64 ? s.H : 64;
-  printf("layer stack: %d layers, %d q-heads / %d kv-heads x %d, %d-bit, batch %d, context %d; %d visible GPU(s)%s\n",
-         s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context, ndev, ndev ? "" : " (host threads)");
+  printf("layer stack: %d layers, %d q-heads / %d kv-heads x %d, %d-bit, batch %d, context %d; %d visible GPU(s)%s%s\n",
+         s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context, ndev, ndev ? "" : " (host threads)",
+         s.stream ? "; each part's calls enqueued on a CUDA stream of its own where there is one" : "");
   FILE *jf = json ? fopen(json, "w") : NULL;
   if (jf) fprintf(jf, "{\"layers\": %d, \"q_heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"bits\": %d, "
-                      "\"batch\": %d, \"context\": %d, \"gpus\": %d, \"runs\": [",
-                  s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context, ndev);
+                      "\"batch\": %d, \"context\": %d, \"gpus\": %d, \"stream\": %d, \"runs\": [",
+                  s.layers, s.HQ, s.H, s.D, s.bits, s.batch, s.context, ndev, s.stream);
   int rc = 0;
   if (!scaling) {
     result r;

@@ -17,6 +17,8 @@
 
 typedef struct split_shape {
   int layers, HQ, H, D, batch, context, steps, bits;
+  int stream; /* 1: each part's cache on a CUDA stream of its own (kivi_cache_set_stream), its
+                 step's calls enqueued there and one wait per step */
 } split_shape;
 
 enum { SPLIT_K = 1, SPLIT_V = 2, SPLIT_Q = 3 };
@@ -51,6 +53,7 @@ typedef struct split_part {
   int h0, h1, hq0, hq1; /* kv-heads and the q-heads that read them */
   kivi_context *ctx;
   kivi_cache *cache;
+  int on_stream;    /* the cache has a stream (s.stream, where the build and device allow it) */
   float *k, *v, *q; /* host staging for one step */
 } split_part;
 
@@ -68,6 +71,12 @@ static inline kivi_status split_part_init(split_part *p, const split_shape *s, k
   cfg.k_bits = cfg.v_bits = s->bits;
   kivi_status st = kivi_cache_create(ctx, &cfg, &p->cache);
   if (st) return st;
+  if (s->stream) { /* without a stream (host, no driver) the part runs the synchronous calls */
+    st = kivi_cache_set_stream(p->cache, KIVI_STREAM_LIBRARY);
+    p->on_stream = st == KIVI_OK;
+    if (st == KIVI_ERR_UNSUPPORTED) st = KIVI_OK;
+    if (st) return st;
+  }
   const size_t nh = (size_t)(h1 - h0), per_step = (size_t)s->batch * nh * s->D;
   p->k = malloc(per_step * sizeof(float));
   p->v = malloc(per_step * sizeof(float));
@@ -107,10 +116,19 @@ static inline kivi_status split_part_step(split_part *p, int step, float *out) {
     split_fill(p->k, SPLIT_K, l, s->batch, s->context + step, 1, p->h0, p->h1, s->D);
     split_fill(p->v, SPLIT_V, l, s->batch, s->context + step, 1, p->h0, p->h1, s->D);
     split_fill(p->q, SPLIT_Q, l, s->batch, step, 1, p->hq0, p->hq1, s->D);
+    float *o = out + (size_t)l * s->batch * nhq * s->D;
+    const float scale = 1.0f / sqrtf((float)s->D);
+    if (p->on_stream) { /* host inputs are copied at the call; the outputs arrive at the wait */
+      st = kivi_cache_append_async(p->cache, l, s->batch, ids, ones, p->k, p->v, KIVI_F32, KIVI_MEM_HOST);
+      if (!st) st = kivi_attention_decode_async(p->cache, l, s->batch, ids, nhq, p->q, scale, o, KIVI_F32, KIVI_MEM_HOST);
+      continue;
+    }
     st = kivi_cache_append(p->cache, l, s->batch, ids, ones, p->k, p->v, KIVI_F32, KIVI_MEM_HOST);
-    if (!st)
-      st = kivi_attention_decode(p->cache, l, s->batch, ids, nhq, p->q, 1.0f / sqrtf((float)s->D),
-                                 out + (size_t)l * s->batch * nhq * s->D, KIVI_F32, KIVI_MEM_HOST);
+    if (!st) st = kivi_attention_decode(p->cache, l, s->batch, ids, nhq, p->q, scale, o, KIVI_F32, KIVI_MEM_HOST);
+  }
+  if (p->on_stream) {
+    const kivi_status w = kivi_cache_wait(p->cache);
+    if (!st) st = w;
   }
   return st;
 }

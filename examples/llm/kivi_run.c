@@ -26,7 +26,7 @@
 typedef struct options {
   const char *cmd, *model, *json, *prompt, *prompt_file, *text_file, *kv, *lengths, *system;
   int k_bits, v_bits, group, residual, chunk, device, quiet, raw;
-  int fake, k_per_token, v_per_channel, sink, pre_rope;
+  int fake, k_per_token, v_per_channel, sink, pre_rope, rotate;
   int max_tokens, ctx, trials;
   int score_half; /* ppl --score second-half: llama-perplexity's scoring */
   int edge_layers, edge_k_bits, edge_v_bits; /* per-layer widths */
@@ -62,6 +62,8 @@ static const char usage_text[] =
         "                     --k-axis channel|token (channel) --v-axis token|channel (token);\n"
         "                     --sink N: the first N tokens unquantized; --pre-rope: keys quantized\n"
         "                     before the rotary embedding\n"
+        "  --rotate v|k|kv    an orthonormal Hadamard transform of each V and/or K head vector before\n"
+        "                     it is cached (q rotated alike, outputs rotated back; head_dim 2^n)\n"
         "  --chunk N          tokens per forward step for prompts and ppl (32; a divisor of R keeps\n"
         "                     the quantized cache exactly as token-by-token decoding would see it)\n"
         "  --device default|host|N   where the cache and attention run (default: the GPU if any)\n"
@@ -125,10 +127,14 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--edge-k-bits")) iv = &o->edge_k_bits;
     else if (!strcmp(a, "--edge-v-bits")) iv = &o->edge_v_bits;
     else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") || !strcmp(a, "--score") ||
+             !strcmp(a, "--rotate") ||
              !strcmp(a, "--temperature") || !strcmp(a, "--seed")) {
       if (!val) goto missing;
       ++i;
-      if (!strcmp(a, "--score")) {
+      if (!strcmp(a, "--rotate")) {
+        if (strcmp(val, "v") && strcmp(val, "k") && strcmp(val, "kv")) goto bad;
+        o->rotate = (strchr(val, 'v') ? LLM_ROTATE_V : 0) | (strchr(val, 'k') ? LLM_ROTATE_K : 0);
+      } else if (!strcmp(a, "--score")) {
         if (strcmp(val, "all") && strcmp(val, "second-half")) goto bad;
         o->score_half = !strcmp(val, "second-half");
       } else if (!strcmp(a, "--k-axis")) {
@@ -295,7 +301,16 @@ static int runner_start(runner *r, int max_len) {
     return -1;
   }
   llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel, r->o.sink,
-                       r->o.pre_rope};
+                       r->o.pre_rope, r->o.rotate};
+  if (r->o.rotate && (m->head_dim & (m->head_dim - 1))) {
+    fprintf(stderr, "kivi-run: --rotate needs a head_dim that is a power of two (this model: %d)\n", m->head_dim);
+    return -1;
+  }
+  if (r->o.rotate) {
+    const size_t len = strlen(r->setting);
+    snprintf(r->setting + len, sizeof r->setting - len, ", Hadamard-rotated %s",
+             r->o.rotate == LLM_ROTATE_V ? "V" : r->o.rotate == LLM_ROTATE_K ? "K" : "K and V");
+  }
   if (r->o.fake && (r->kbits > 8 || r->vbits > 8 || r->kbits < 1 || r->vbits < 1)) {
     fprintf(stderr, "kivi-run: --fake-quant needs K/V bits of 1..8\n");
     return -1;

@@ -363,6 +363,23 @@ static void quant_group(float *const *el, int n, int bits) { /* min/max asymmetr
 }
 
 /* x: [T][n_kv_heads * hd] at positions pos..pos+T-1. */
+/* The orthonormal Walsh-Hadamard transform of each of the `nvec` vectors of length hd (a power
+ * of two) in x: its own inverse. */
+static void hadamard(float *x, size_t nvec, int hd) {
+  const float norm = 1.0f / sqrtf((float)hd);
+  for (size_t v = 0; v < nvec; ++v) {
+    float *y = x + v * hd;
+    for (int h = 1; h < hd; h *= 2)
+      for (int i = 0; i < hd; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          const float a = y[j], b = y[j + h];
+          y[j] = a + b;
+          y[j + h] = a - b;
+        }
+    for (int i = 0; i < hd; ++i) y[i] *= norm;
+  }
+}
+
 /* Tokens at positions below `sink` are left as they are (and out of their groups' statistics). */
 static void fake_quant(float *x, int T, int pos, int KVD, int G, int bits, int per_token, int sink) {
   float *el[128];
@@ -415,6 +432,11 @@ kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits,
       if (!s->fq.pre_rope) fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token, s->fq.sink);
       fake_quant(s->v, n, s->pos, KVD, s->fq.group, s->fq.v_bits, !s->fq.v_per_channel, s->fq.sink);
     }
+    if (s->fq.rotate & LLM_ROTATE_K) {
+      hadamard(s->k, (size_t)n * KVH, hd);
+      hadamard(s->q, (size_t)n * H, hd);
+    }
+    if (s->fq.rotate & LLM_ROTATE_V) hadamard(s->v, (size_t)n * KVH, hd);
     int cl;
     kivi_cache *c = llm_layer_cache(s, l, &cl);
     if (n == 1) { /* decode: the token's own K/V go into the cache first */
@@ -425,6 +447,7 @@ kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits,
         return st;
       if ((st = kivi_cache_append(c, cl, 1, &seq, &n, s->k, s->v, KIVI_F32, KIVI_MEM_HOST))) return st;
     }
+    if (s->fq.rotate & LLM_ROTATE_V) hadamard(s->att, (size_t)n * H, hd); /* back */
     llm_matmul(s->x, s->att, L->wo, n, D, D, 1);
     rmsnorm(s->xn, s->x, L->ffn_norm, n, D, m->rms_eps);
     llm_matmul(s->gate, s->xn, L->w_gate, n, D, F, 0);

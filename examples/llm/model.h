@@ -53,7 +53,13 @@ typedef struct llm_fake_quant {
   int sink;          /* the first `sink` positions of a sequence stay unquantized (attention sinks) */
   int pre_rope;      /* 1: keys quantized before the rotary embedding, which then rotates the
                         dequantized keys (KVQuant's pre-RoPE keys) */
+  int rotate;        /* also without `enabled` (the real cache): LLM_ROTATE_V and/or _K, an
+                        orthonormal Walsh-Hadamard transform of each head vector before it is
+                        cached (QuaRot-style, tuning-free; head_dim a power of two).  Rotated
+                        keys: q is rotated alike (scores unchanged); rotated values: the
+                        attention output is rotated back (the transform is its own inverse). */
 } llm_fake_quant;
+enum { LLM_ROTATE_V = 1, LLM_ROTATE_K = 2 };
 
 /* One sequence being run: the model, its cache (one sequence slot is used) and scratch. */
 typedef struct llm_session {

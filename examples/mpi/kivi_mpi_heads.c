@@ -4,7 +4,10 @@
  * process.
  *
  *   mpirun -np 2 examples/mpi/kivi_mpi_heads [--layers 32] [--heads 32] [--kv-heads 32]
- *          [--head-dim 128] [--context 4096] [--batch 1] [--steps 4] [--bits 2] [--host]
+ *          [--head-dim 128] [--context 4096] [--batch 1] [--steps 4] [--bits 2] [--host] [--stream]
+ *
+ * --stream: each rank's cache on a CUDA stream of its own, the step's calls enqueued there and
+ * one wait per step (examples/kivi_split.h); without a stream the synchronous calls.
  *
  * Exit status 0 on every rank when the gathered output matches. */
 #include <mpi.h>
@@ -21,7 +24,8 @@
 int main(int argc, char **argv) {
   static const char usage[] =
       "usage: mpirun -np N kivi_mpi_heads [--layers N] [--heads N] [--kv-heads N] [--head-dim N] [--context N]\n"
-      "                                   [--batch N] [--steps N] [--bits B] [--host] [--help] [--version]\n"
+      "                                   [--batch N] [--steps N] [--bits B] [--host] [--stream]\n"
+      "                                   [--help] [--version]\n"
       "The kv-heads split across MPI ranks (one GPU per rank when there are GPUs), the outputs\n"
       "gathered with MPI and checked against one process.\n";
   const int info_rc = kivi_cli_info(argc, argv, "kivi_mpi_heads", kivi_version_string(), usage);
@@ -30,11 +34,12 @@ int main(int argc, char **argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  split_shape s = {32, 32, 32, 128, 1, 4096, 4, 2};
+  split_shape s = {32, 32, 32, 128, 1, 4096, 4, 2, 0};
   int host = 0;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--host")) { host = 1; continue; }
+    if (!strcmp(a, "--stream")) { s.stream = 1; continue; }
     int *iv = !strcmp(a, "--layers") ? &s.layers : !strcmp(a, "--heads") ? &s.HQ : !strcmp(a, "--kv-heads") ? &s.H
             : !strcmp(a, "--head-dim") ? &s.D : !strcmp(a, "--context") ? &s.context : !strcmp(a, "--batch") ? &s.batch
             : !strcmp(a, "--steps") ? &s.steps : !strcmp(a, "--bits") ? &s.bits : NULL;
