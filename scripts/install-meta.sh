@@ -26,6 +26,7 @@ major=$(echo "$version" | cut -d. -f1)
 minor=$(echo "$version" | cut -d. -f2)
 subst() { # template output: the @name@ placeholders
   sed -e "s|@version@|$version|g" -e "s|@soversion@|$soversion|g" -e "s|@major@|$major|g" -e "s|@minor@|$minor|g" \
+      -e "s|@compat_minor@|${compat_minor:-$minor}|g" \
       -e "s|@openmp_runtime@|${openmp_runtime:-}|g" -e "s|@openmp_cflags@|${openmp_cflags:-}|g" \
       -e "s|@openmp_libdir@|${openmp_libdir:-}|g" -e "s|@openmp_libs@|${openmp_libs:-}|g" \
       -e "s|@offload@|${offload:-no}|g" -e "s|@offload_arch@|${offload_arch:-none}|g" \

@@ -30,12 +30,25 @@ if [ -n "$cxx" ] && command -v "$cxx" >/dev/null 2>&1; then
 else echo "installcheck: no C++ compiler, C++ consumer skipped"; fi
 # 3. CMake
 if [ -n "$cmake" ] && command -v "$cmake" >/dev/null 2>&1; then
-  "$cmake" -S "$src/tests/consumer" -B "$tmp/cmake" -DCMAKE_PREFIX_PATH="$prefix" \
+  # the version this release promises to satisfy: its own MAJOR.MINOR (docs/ABI.md)
+  want=$(pc --modversion | cut -d. -f1-2)
+  "$cmake" -S "$src/tests/consumer" -B "$tmp/cmake" -DCMAKE_PREFIX_PATH="$prefix" -DKIVI_WANT_VERSION="$want" \
     -DKIVI_HELLO_SOURCE="$src/examples/kivi_hello.c" -DCMAKE_C_COMPILER="$cc" >"$tmp/cmake.log" 2>&1 ||
     { cat "$tmp/cmake.log"; echo "FAIL: cmake configure"; exit 1; }
   grep "libkivi-omp" "$tmp/cmake.log" | sed 's/^-- /installcheck: cmake: /'
   "$cmake" --build "$tmp/cmake" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; echo "FAIL: cmake build"; exit 1; }
   "$tmp/cmake/kivi_hello_cmake" | tail -1
+  # the version file on its own: the release's MAJOR.MINOR accepted, a newer minor or major refused
+  vf=$(find "$prefix" -name kivi-omp-config-version.cmake | head -1)
+  printf 'include("%s")\nmessage("${PACKAGE_VERSION_COMPATIBLE}")\n' "$vf" >"$tmp/ver.cmake"
+  major=${want%%.*} minor=${want#*.}
+  for req in "$major.$minor:TRUE" "$major.$((minor + 1)):FALSE" "$((major + 1)).0:FALSE"; do
+    v=${req%%:*} expect=${req#*:}
+    got=$("$cmake" -DPACKAGE_FIND_VERSION="$v" -DPACKAGE_FIND_VERSION_MAJOR="${v%%.*}" \
+      -DPACKAGE_FIND_VERSION_MINOR="${v#*.}" -DCMAKE_SIZEOF_VOID_P=8 -P "$tmp/ver.cmake" 2>&1)
+    [ "$got" = "$expect" ] || { echo "FAIL: find_package(kivi-omp $v) compatible: '$got', expected $expect"; exit 1; }
+  done
+  echo "installcheck: cmake version file: $want accepted, newer minor and major refused"
   ran="$ran CMake"
 else echo "installcheck: no cmake, CMake consumer skipped"; fi
 # 4. Fortran

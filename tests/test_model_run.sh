@@ -5,7 +5,9 @@
 #     inside the fp16 residual window (R = 128), where KIVI quantizes nothing, so the two replies
 #     must be the same text (streaming semantics) and say what the prompt asks for;
 #  2. perplexity of the first PPL_TOKENS tokens of a Debian text: kivi4 within PPL_KIVI4_REL of
-#     fp16 (the issue's bound), kivi2 within PPL_KIVI2_REL (a sanity bound: 2 bits cost more);
+#     fp16 (the issue's bound), kivi2 within PPL_KIVI2_REL (a sanity bound: 2 bits cost more),
+#     and fp16 with --rotate kv (Hadamard-rotated K, q and V, outputs rotated back: the same model
+#     in exact arithmetic) within PPL_ROTATE_REL;
 #  3. with NumPy available, scripts/check_model_ref.py: an independent float64 forward pass (and
 #     the HF tokenizer when installed) against kivi-run.
 set -eu
@@ -19,6 +21,7 @@ text=/usr/share/common-licenses/GPL-3
 PPL_TOKENS=${KIVI_TEST_PPL_TOKENS:-1024}
 PPL_KIVI4_REL=0.02
 PPL_KIVI2_REL=0.25
+PPL_ROTATE_REL=0.002
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -36,15 +39,21 @@ for kv in fp16 kivi4 kivi2; do
   "$run" ppl "$text" --model "$model" --kv $kv --ctx "$PPL_TOKENS" --max-tokens "$PPL_TOKENS" --quiet \
     --json "$tmp/ppl-$kv.json"
 done
+# --rotate kv: keys, queries and values through an orthonormal Hadamard transform, the outputs
+# back: the same model up to the fp16 cache's rounding of other numbers
+"$run" ppl "$text" --model "$model" --kv fp16 --rotate kv --ctx "$PPL_TOKENS" --max-tokens "$PPL_TOKENS" --quiet \
+  --json "$tmp/ppl-fp16rot.json"
 ppl() { sed -n 's/^  "ppl": \([0-9.]*\).*/\1/p' "$tmp/ppl-$1.json"; }
-f=$(ppl fp16) k4=$(ppl kivi4) k2=$(ppl kivi2)
-awk -v f="$f" -v k4="$k4" -v k2="$k2" -v t4="$PPL_KIVI4_REL" -v t2="$PPL_KIVI2_REL" 'BEGIN {
-  r4 = (k4 - f) / f; r2 = (k2 - f) / f;
-  printf "ppl: fp16 %.4f, kivi4 %.4f (%+.2f%%, bound %.0f%%), kivi2 %.4f (%+.2f%%, bound %.0f%%)\n",
-         f, k4, 100 * r4, 100 * t4, k2, 100 * r2, 100 * t2;
+f=$(ppl fp16) k4=$(ppl kivi4) k2=$(ppl kivi2) fr=$(ppl fp16rot)
+awk -v f="$f" -v k4="$k4" -v k2="$k2" -v fr="$fr" -v t4="$PPL_KIVI4_REL" -v t2="$PPL_KIVI2_REL" \
+    -v trot="$PPL_ROTATE_REL" 'BEGIN {
+  r4 = (k4 - f) / f; r2 = (k2 - f) / f; rr = (fr - f) / f;
+  printf "ppl: fp16 %.4f, kivi4 %.4f (%+.2f%%, bound %.0f%%), kivi2 %.4f (%+.2f%%, bound %.0f%%), fp16 rotated %.4f (%+.3f%%, bound %.1f%%)\n",
+         f, k4, 100 * r4, 100 * t4, k2, 100 * r2, 100 * t2, fr, 100 * rr, 100 * trot;
   if (!(f > 1 && f < 100)) { print "FAIL: fp16 perplexity out of range"; exit 1 }
   if (!(r4 < t4 && r4 > -t4)) { print "FAIL: kivi4"; exit 1 }
   if (!(r2 < t2 && r2 > -t2)) { print "FAIL: kivi2"; exit 1 }
+  if (!(rr < trot && rr > -trot)) { print "FAIL: --rotate kv changed the fp16 model"; exit 1 }
 }'
 
 if python3 -c "import numpy" 2>/dev/null; then

@@ -302,6 +302,10 @@ static int runner_start(runner *r, int max_len) {
   }
   llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel, r->o.sink,
                        r->o.pre_rope, r->o.rotate};
+  if (r->o.pre_rope && (r->o.rotate & LLM_ROTATE_K)) {
+    fprintf(stderr, "kivi-run: --pre-rope quantizes keys before RoPE, --rotate k after it: choose one\n");
+    return -1;
+  }
   if (r->o.rotate && (m->head_dim & (m->head_dim - 1))) {
     fprintf(stderr, "kivi-run: --rotate needs a head_dim that is a power of two (this model: %d)\n", m->head_dim);
     return -1;

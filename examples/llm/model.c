@@ -428,15 +428,16 @@ kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits,
     if (s->fq.enabled && s->fq.pre_rope) /* quantized as the projection gives them, rotated after */
       fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token, s->fq.sink);
     rope(s->k, n, KVH, hd, s->rope_cos, s->rope_sin);
-    if (s->fq.enabled) {
-      if (!s->fq.pre_rope) fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token, s->fq.sink);
-      fake_quant(s->v, n, s->pos, KVD, s->fq.group, s->fq.v_bits, !s->fq.v_per_channel, s->fq.sink);
-    }
+    /* rotated before any quantization (the cache's, or the simulated one) */
     if (s->fq.rotate & LLM_ROTATE_K) {
       hadamard(s->k, (size_t)n * KVH, hd);
       hadamard(s->q, (size_t)n * H, hd);
     }
     if (s->fq.rotate & LLM_ROTATE_V) hadamard(s->v, (size_t)n * KVH, hd);
+    if (s->fq.enabled) {
+      if (!s->fq.pre_rope) fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token, s->fq.sink);
+      fake_quant(s->v, n, s->pos, KVD, s->fq.group, s->fq.v_bits, !s->fq.v_per_channel, s->fq.sink);
+    }
     int cl;
     kivi_cache *c = llm_layer_cache(s, l, &cl);
     if (n == 1) { /* decode: the token's own K/V go into the cache first */
