@@ -482,7 +482,8 @@ KIVI_API void *kivi_cache_dependence(kivi_cache *cache);
  *   - kivi_cache_dependence() does not order anything with the stream's work.
  * Needs a build with offload, a GPU context, and the CUDA driver (libcuda.so.1, opened at run
  * time; the library does not link CUDA).  The stream must belong to the device's primary
- * context, the one the CUDA runtime uses (any cudaStream_t created on that device does).
+ * context, the one the CUDA runtime uses (any cudaStream_t created on that device does); the
+ * calls on a cache with a stream make that context current on the calling thread.
  * @{ */
 
 /** kivi_cache_set_stream(): a stream the cache creates, owns and destroys. */
