@@ -381,7 +381,7 @@ int main(int argc, char **argv) {
     first = 1;
     for (int bi = 0; bi < 2; ++bi) {
       const stack_shape ss = {stack_layers, quick ? 8 : 32, quick ? 8 : 32, quick ? 64 : 128, bi ? 8 : 1,
-                              quick ? 512 : 4096, reps, 2, KIVI_MAX_ASYNC_LANES, 0};
+                              quick ? 512 : 4096, reps, 2, KIVI_MAX_ASYNC_LANES, 0, 0};
       stack_inputs in;
       TRY(stack_inputs_init(&in, ctx, &ss));
       double med[2], mean[2], *ts = malloc((size_t)reps * sizeof *ts);

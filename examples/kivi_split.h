@@ -111,20 +111,21 @@ static inline kivi_status split_part_step(split_part *p, int step, float *out) {
     ids[b] = b;
     ones[b] = 1;
   }
+  /* on a stream the _async calls (the same arguments): host inputs are copied at the call, the
+   * outputs arrive at the one wait below */
+  kivi_status (*append)(kivi_cache *, int, int, const int *, const int *, const void *, const void *, kivi_dtype,
+                        kivi_mem) = p->on_stream ? kivi_cache_append_async : kivi_cache_append;
+  kivi_status (*decode)(kivi_cache *, int, int, const int *, int, const float *, float, void *, kivi_dtype,
+                        kivi_mem) = p->on_stream ? kivi_attention_decode_async : kivi_attention_decode;
   kivi_status st = KIVI_OK;
   for (int l = 0; l < s->layers && !st; ++l) {
     split_fill(p->k, SPLIT_K, l, s->batch, s->context + step, 1, p->h0, p->h1, s->D);
     split_fill(p->v, SPLIT_V, l, s->batch, s->context + step, 1, p->h0, p->h1, s->D);
     split_fill(p->q, SPLIT_Q, l, s->batch, step, 1, p->hq0, p->hq1, s->D);
-    float *o = out + (size_t)l * s->batch * nhq * s->D;
-    const float scale = 1.0f / sqrtf((float)s->D);
-    if (p->on_stream) { /* host inputs are copied at the call; the outputs arrive at the wait */
-      st = kivi_cache_append_async(p->cache, l, s->batch, ids, ones, p->k, p->v, KIVI_F32, KIVI_MEM_HOST);
-      if (!st) st = kivi_attention_decode_async(p->cache, l, s->batch, ids, nhq, p->q, scale, o, KIVI_F32, KIVI_MEM_HOST);
-      continue;
-    }
-    st = kivi_cache_append(p->cache, l, s->batch, ids, ones, p->k, p->v, KIVI_F32, KIVI_MEM_HOST);
-    if (!st) st = kivi_attention_decode(p->cache, l, s->batch, ids, nhq, p->q, scale, o, KIVI_F32, KIVI_MEM_HOST);
+    st = append(p->cache, l, s->batch, ids, ones, p->k, p->v, KIVI_F32, KIVI_MEM_HOST);
+    if (!st)
+      st = decode(p->cache, l, s->batch, ids, nhq, p->q, 1.0f / sqrtf((float)s->D),
+                  out + (size_t)l * s->batch * nhq * s->D, KIVI_F32, KIVI_MEM_HOST);
   }
   if (p->on_stream) {
     const kivi_status w = kivi_cache_wait(p->cache);

@@ -17,6 +17,7 @@ typedef struct stack_shape {
   int lanes; /* the cache's async_lanes */
   int chain; /* 1: each layer's q is derived from the previous layer's output by a target region
                 of the caller (stack_chain_q); 2: each layer's q is the previous layer's output */
+  int stream; /* 1: the cache on a CUDA stream of its own (kivi_cache_set_stream) */
 } stack_shape;
 
 /* The step inputs on the device (the same for every run, so runs can be compared bit for bit). */
@@ -94,13 +95,15 @@ static inline void stack_inputs_free(stack_inputs *in) {
   memset(in, 0, sizeof *in);
 }
 
-/* A cache with the prompt on every layer. */
+/* A cache with the prompt on every layer (s->stream: on a stream of its own, set before the
+ * prompt; where there is none, KIVI_ERR_UNSUPPORTED before any prompt work). */
 static inline kivi_status stack_cache(const stack_inputs *in, const stack_shape *s, kivi_cache **c) {
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, s->layers, s->H, s->D, s->batch, s->context + s->steps);
   cfg.k_bits = cfg.v_bits = s->bits;
   cfg.async_lanes = s->lanes;
   kivi_status st = kivi_cache_create(in->ctx, &cfg, c);
+  if (!st && s->stream) st = kivi_cache_set_stream(*c, KIVI_STREAM_LIBRARY);
   for (int l = 0; l < s->layers && !st; ++l)
     st = kivi_cache_append(*c, l, s->batch, in->ids, in->lens, in->kp, in->vp, KIVI_F32, KIVI_MEM_HOST);
   return st;

@@ -277,9 +277,12 @@ static int deliver_and_reset(kivi_stream *s) {
   return s->failed ? -1 : 0;
 }
 
+/* what `bytes` take of the rings: each piece starts 256-aligned */
+static size_t ring_size(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
 /* bytes of both rings, 256-aligned, or -1 (too large: the caller takes the slow path) */
 static int64_t ring_take(kivi_stream *s, size_t bytes) {
-  bytes = (bytes + 255) & ~(size_t)255;
+  bytes = ring_size(bytes);
   if (bytes > RING_BYTES / 2) return -1;
   if (s->head + bytes > RING_BYTES && deliver_and_reset(s)) return -1; /* wrap: what used the ring is done */
   const int64_t at = (int64_t)s->head;
@@ -296,7 +299,7 @@ static int launch(kivi_stream *s, CUfunction fn, tgt_kargs *a) {
     if (!(t & MAP_TARGET_PARAM) || (t & (MAP_PRIVATE | MAP_PTR_AND_OBJ | MAP_FROM | MAP_MEMBER_OF))) return -1;
     if (!(t & MAP_LITERAL)) {
       if (!(t & MAP_TO) || a->sizes[i] < 0) return -1;
-      stage += ((size_t)a->sizes[i] + 255) & ~(size_t)255;
+      stage += ring_size((size_t)a->sizes[i]);
     }
   }
   int64_t at = 0;
@@ -315,7 +318,7 @@ static int launch(kivi_stream *s, CUfunction fn, tgt_kargs *a) {
       if (n && cu.MemcpyHtoDAsync(d, s->hring + at, n, s->stream)) return -2;
       /* the device address of the base, as the runtime passes it */
       val[i + 1] = (uint64_t)d + (uint64_t)((char *)a->base[i] - (char *)a->ptrs[i]);
-      at += (int64_t)((n + 255) & ~(size_t)255);
+      at += (int64_t)ring_size(n);
     }
   }
   for (uint32_t i = 0; i <= a->n_args; ++i) par[i] = &val[i];

@@ -11,6 +11,7 @@
  * default|host|N, --json FILE, --quiet.  `kivi-run --help` lists them all. */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,15 @@ static int create_cache(kivi_context *ctx, const kivi_cache_config *cfg, kivi_ca
   return -1;
 }
 
+/* Appends to the setting's description (truncated to its buffer). */
+__attribute__((format(printf, 2, 3))) static void setting_add(runner *r, const char *fmt, ...) {
+  const size_t len = strlen(r->setting);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->setting + len, sizeof r->setting - len, fmt, ap);
+  va_end(ap);
+}
+
 /* The device context, a cache of max_len tokens in the chosen setting, the session; prints the
  * setup and starts the JSON. */
 static int runner_start(runner *r, int max_len) {
@@ -292,9 +302,8 @@ static int runner_start(runner *r, int max_len) {
     e.k_bits = r->o.edge_k_bits;
     e.v_bits = r->o.edge_v_bits > 0 ? r->o.edge_v_bits : r->cfg.v_bits;
     if (create_cache(r->ctx, &e, &r->edge, "edge layers")) return -1;
-    const size_t len = strlen(r->setting);
-    snprintf(r->setting + len, sizeof r->setting - len, ", layers 0-%d and %d-%d K%d V%d", r->o.edge_layers - 1,
-             m->n_layers - r->o.edge_layers, m->n_layers - 1, e.k_bits, e.v_bits);
+    setting_add(r, ", layers 0-%d and %d-%d K%d V%d", r->o.edge_layers - 1, m->n_layers - r->o.edge_layers,
+                m->n_layers - 1, e.k_bits, e.v_bits);
   }
   if ((r->o.sink || r->o.pre_rope) && !r->o.fake) {
     fprintf(stderr, "kivi-run: --sink and --pre-rope are simulated: they need --fake-quant\n");
@@ -310,11 +319,9 @@ static int runner_start(runner *r, int max_len) {
     fprintf(stderr, "kivi-run: --rotate needs a head_dim that is a power of two (this model: %d)\n", m->head_dim);
     return -1;
   }
-  if (r->o.rotate) {
-    const size_t len = strlen(r->setting);
-    snprintf(r->setting + len, sizeof r->setting - len, ", Hadamard-rotated %s",
-             r->o.rotate == LLM_ROTATE_V ? "V" : r->o.rotate == LLM_ROTATE_K ? "K" : "K and V");
-  }
+  if (r->o.rotate)
+    setting_add(r, ", Hadamard-rotated %s",
+                r->o.rotate == LLM_ROTATE_V ? "V" : r->o.rotate == LLM_ROTATE_K ? "K" : "K and V");
   if (r->o.fake && (r->kbits > 8 || r->vbits > 8 || r->kbits < 1 || r->vbits < 1)) {
     fprintf(stderr, "kivi-run: --fake-quant needs K/V bits of 1..8\n");
     return -1;
