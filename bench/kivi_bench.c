@@ -2,7 +2,8 @@
  * same run, append/quantize throughput, and the memory table.
  *
  *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
- *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS] [--stream]
+ *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts]
+ *              [--stack LAYERS] [--stream]
  *
  * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
  * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
@@ -10,7 +11,10 @@
  * call is synchronous, so this is the GPU time as a caller sees it, launch overhead included).
  * bytes_read is what the step must read: the packed cache of the batch (codes, scales/zeros,
  * fp16 residuals).  rel_err_vs_ref compares sequence 0 with a double-precision reference on
- * the dequantized cache.  --stack LAYERS: also the wall time per step of a whole layer stack
+ * the dequantized cache.  --kv-heads N: N kv-heads under the shape's H query heads (GQA);
+ * --head-dim D: another head_dim.  --layouts: the decode table over the q/kv layouts of common
+ * models (32/32, 32/8, 28/4, 64/8 with D = 128; 9/3 with D = 64) at the --shape's B and S
+ * (default 8, 32768).  --stack LAYERS: also the wall time per step of a whole layer stack
  * (append + decode on every layer, 32 heads x 128, context 4096, batch 1 and 8), with the
  * synchronous calls and with the asynchronous ones (one wait per step).  --quick: small shapes
  * for CI on the host.  --stream: the decode calls on a cache with a CUDA stream of its own
@@ -30,8 +34,8 @@
 
 static const char bench_usage[] =
     "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
-    "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--stack LAYERS] [--stream]\n"
-    "                  [--help] [--version]\n"
+    "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts] [--stack LAYERS]\n"
+    "                  [--stream] [--help] [--version]\n"
     "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
     "results against a double-precision reference, and prints one table line per shape (stdout,\n"
     "flushed as it goes; progress on stderr).  On host threads the default shapes are reduced.\n";
@@ -172,11 +176,49 @@ static double check_seq0(const kivi_cache *c, int H, int HQ, int D, int S, int k
   return num / den;
 }
 
+/* One decode shape: B sequences of S tokens, HQ query heads over HK kv-heads of head_dim D; the
+ * fp16 path, then 2-bit and 4-bit; one table line (and JSON entry) per width. */
+static void decode_shape(int B, int HQ, int HK, int D, int S, FILE *js, int *first) {
+  static const int bits[2] = {2, 4};
+  const size_t qn = (size_t)B * HQ * D;
+  if (HK != HQ || D != 128) printf("(%d query heads over %d kv-heads, head_dim %d)\n", HQ, HK, D);
+  float *q = malloc(qn * 4), *out = malloc(qn * 4);
+  for (size_t i = 0; i < qn; ++i) q[i] = urand();
+  kivi_cache *c16 = fill(B, HK, D, S, 16, 16, NULL, NULL);
+  const double t16 = time_decode(c16, B, HQ, D, q, out);
+  const size_t b16 = cache_bytes(c16, B);
+  kivi_cache_destroy(c16);
+  for (int bi = 0; bi < 2; ++bi) {
+    float *k0, *v0;
+    kivi_cache *c = fill(B, HK, D, S, bits[bi], bits[bi], &k0, &v0);
+    const double t = time_decode(c, B, HQ, D, q, out);
+    const size_t b = cache_bytes(c, B);
+    const double err = check_seq0(c, HK, HQ, D, S, bits[bi], bits[bi], q, out);
+    printf("%5d %4d %7d %5d | %10.1f %9.1f %8.1f | %10.1f %8.1f | %6.2fx %9.2e\n", B, HQ, S, bits[bi], t * 1e6,
+           b / 1e6, b / t / 1e9, t16 * 1e6, b16 / t16 / 1e9, t16 / t, err);
+    if (js)
+      fprintf(js,
+              "%s    {\"bits\": %d, \"group\": 32, \"residual\": 128, \"batch\": %d, \"n_q_heads\": %d, "
+              "\"n_kv_heads\": %d, \"seq_len\": %d, \"head_dim\": %d, \"device\": \"%s\", \"time_us\": %.3f, "
+              "\"bytes_read\": %zu, \"gbps\": %.3f, \"rel_err_vs_ref\": %.3e, \"fp16_time_us\": %.3f, "
+              "\"fp16_bytes_read\": %zu}",
+              *first ? "" : ",\n", bits[bi], B, HQ, HK, S, D, on_gpu ? "gpu" : "host", t * 1e6, b, b / t / 1e9, err,
+              t16 * 1e6, b16);
+    *first = 0;
+    kivi_cache_destroy(c);
+    free(k0);
+    free(v0);
+  }
+  free(q);
+  free(out);
+}
+
 int main(int argc, char **argv) {
   const char *json_path = NULL;
   int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, skip_decode = 0, sweep = 0, stack_layers = 0;
   shape one = {0, 0, 0};
   int kv_heads = 0; /* --kv-heads: GQA, query heads = H of the shape */
+  int head_dim = 128, layouts = 0;
   const int info_rc = kivi_cli_info(argc, argv, "kivi-bench", kivi_version_string(), bench_usage);
   if (info_rc >= 0) return info_rc;
   for (int i = 1; i < argc; ++i) {
@@ -191,6 +233,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--skip-decode")) skip_decode = 1;
     else if (!strcmp(argv[i], "--stream")) use_stream = 1;
     else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) kv_heads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) head_dim = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--layouts")) layouts = 1;
     else if (!strcmp(argv[i], "--stack") && i + 1 < argc) stack_layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[++i], "%d,%d,%d", &one.B, &one.H, &one.S) == 3 &&
              one.B > 0 && one.H > 0 && one.S > 0) {
@@ -220,47 +264,23 @@ int main(int argc, char **argv) {
   const shape full[] = {{1, 32, 4096}, {1, 32, 32768}, {8, 32, 4096}, {8, 32, 32768}, {32, 32, 4096}};
   const shape small[] = {{1, 4, 512}, {2, 4, 2048}, {4, 8, 1024}};
   const shape *shapes = one.B ? &one : quick ? small : full; /* --shape: that decode shape only */
-  const int nshapes = skip_decode ? 0 : one.B ? 1 : quick ? 3 : 5, D = 128, bits[2] = {2, 4};
-  printf("\ndecode step, D=%d, G=32, R=128, MHA, median of %d calls (wall, synchronous%s)\n", D, reps,
+  const int nshapes = skip_decode || layouts ? 0 : one.B ? 1 : quick ? 3 : 5, D = head_dim, bits[2] = {2, 4};
+  printf("\ndecode step, D=%d, G=32, R=128, %s, median of %d calls (wall, synchronous%s)\n", D,
+         kv_heads || layouts ? "q/kv heads as noted" : "MHA", reps,
          use_stream ? ", on a CUDA stream" : "");
   printf("%5s %4s %7s %5s | %10s %9s %8s | %10s %8s | %7s %9s\n", "B", "H", "S", "bits", "time_us", "MB_read",
          "GB/s", "fp16_us", "fp16GB/s", "speedup", "rel_err");
   int first = 1;
+  if (layouts) { /* q-heads / kv-heads / head_dim of common models at one (B, S) */
+    const int lay[5][3] = {{32, 32, 128}, {32, 8, 128}, {28, 4, 128}, {64, 8, 128}, {9, 3, 64}};
+    const int B = one.B ? one.B : 8, S = one.B ? one.S : 32768;
+    for (int li = 0; li < 5; ++li) decode_shape(B, lay[li][0], lay[li][1], lay[li][2], S, js, &first);
+  }
   for (int si = 0; si < nshapes; ++si) {
     const shape sh = shapes[si];
     const int HK = kv_heads > 0 && sh.H % kv_heads == 0 ? kv_heads : sh.H; /* kv-heads (GQA when < H) */
     fprintf(stderr, "kivi-bench: decode shape %d/%d (B %d, H %d, S %d)\n", si + 1, nshapes, sh.B, sh.H, sh.S);
-    const size_t qn = (size_t)sh.B * sh.H * D;
-    if (HK != sh.H) printf("(GQA: %d query heads over %d kv-heads)\n", sh.H, HK);
-    float *q = malloc(qn * 4), *out = malloc(qn * 4);
-    for (size_t i = 0; i < qn; ++i) q[i] = urand();
-    kivi_cache *c16 = fill(sh.B, HK, D, sh.S, 16, 16, NULL, NULL);
-    const double t16 = time_decode(c16, sh.B, sh.H, D, q, out);
-    const size_t b16 = cache_bytes(c16, sh.B);
-    kivi_cache_destroy(c16);
-    for (int bi = 0; bi < 2; ++bi) {
-      float *k0, *v0;
-      kivi_cache *c = fill(sh.B, HK, D, sh.S, bits[bi], bits[bi], &k0, &v0);
-      const double t = time_decode(c, sh.B, sh.H, D, q, out);
-      const size_t b = cache_bytes(c, sh.B);
-      const double err = check_seq0(c, HK, sh.H, D, sh.S, bits[bi], bits[bi], q, out);
-      printf("%5d %4d %7d %5d | %10.1f %9.1f %8.1f | %10.1f %8.1f | %6.2fx %9.2e\n", sh.B, sh.H, sh.S, bits[bi],
-             t * 1e6, b / 1e6, b / t / 1e9, t16 * 1e6, b16 / t16 / 1e9, t16 / t, err);
-      if (js)
-        fprintf(js,
-                "%s    {\"bits\": %d, \"group\": 32, \"residual\": 128, \"batch\": %d, \"n_q_heads\": %d, "
-                "\"n_kv_heads\": %d, \"seq_len\": %d, \"head_dim\": %d, \"device\": \"%s\", \"time_us\": %.3f, "
-                "\"bytes_read\": %zu, \"gbps\": %.3f, \"rel_err_vs_ref\": %.3e, \"fp16_time_us\": %.3f, "
-                "\"fp16_bytes_read\": %zu}",
-                first ? "" : ",\n", bits[bi], sh.B, sh.H, HK, sh.S, D, dev, t * 1e6, b, b / t / 1e9, err, t16 * 1e6,
-                b16);
-      first = 0;
-      kivi_cache_destroy(c);
-      free(k0);
-      free(v0);
-    }
-    free(q);
-    free(out);
+    decode_shape(sh.B, sh.H, HK, D, sh.S, js, &first);
   }
   if (js) fprintf(js, "\n  ],\n  \"sweep\": [\n");
   if (sweep) { /* step time vs context length, B = 1, 32 heads */

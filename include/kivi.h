@@ -178,10 +178,12 @@ typedef enum kivi_dtype {
 typedef enum kivi_attention_mode {
   KIVI_ATTENTION_FAST = 0, /**< fastest kernel available: on a GPU, for 2-bit or 4-bit K/V (the same for
                               both), head_dim 128, G = 32 and R a power of two >= 32, an f16x2
-                              kernel (fp16-attention accuracy: about 1e-3 of max |output|; on
-                              sharp attention, where a few logits reach about 50, up to 1.5e-2,
-                              since its f16 sums carry an absolute logit error of about 2^-11 of
-                              sum |q_c k_c|) */
+                              kernel (fp16-attention accuracy: about 1e-3 of max |output|; the
+                              logits within 2^10 of a split's maximum are computed again in fp32,
+                              so sharp attention holds that too, except on its GQA variant, up to
+                              1e-2 there); for 16-bit K/V (the fp16 cache), head_dim 64 or 128 and
+                              R a power of two >= 32, a tensor-core decode kernel of fp32-class
+                              accuracy */
   KIVI_ATTENTION_FP32 = 1  /**< always the portable kernel: fp32 accumulation (about 1e-6 relative) */
 } kivi_attention_mode;
 
@@ -351,6 +353,9 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 #define KIVI_KERNEL_GPU_GQA 4u   /**< with ::KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core
                                   * variant for 4 query heads per kv-head, one block per (row, kv-head,
                                   * split), chosen for 32 or more (row, kv-head) pairs whose blocks fill the GPU */
+#define KIVI_KERNEL_GPU_F16 8u   /**< the GPU kernel of 16-bit (fp16) caches in decode calls (::KIVI_ATTENTION_FAST,
+                                  * head_dim 64 or 128, R a power of two >= 32): tensor cores, fp32
+                                  * accumulation, q and p carried as two f16 parts (fp32-class accuracy) */
 /** The kernels (KIVI_KERNEL_* bits) that computed the cache's last successful attention call. */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 

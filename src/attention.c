@@ -80,6 +80,7 @@ typedef struct att_plan {
   int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
   int gqa;                           /* the fast path's GQA kernel (attention_gqa.inc) */
+  int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
   int64_t nslots;                    /* partials per (row, head): nf + nsplit, or nf + 1 fused */
 } att_plan;
 
@@ -168,11 +169,16 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
     /* enqueued: a copy kept until the wait (the stream route copies it at the launch) */
     const int64_t *hdk = async == KIVI_RUN_ENQUEUE ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
     if (!hdk) return KIVI_ERR_NOMEM;
-    kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots, pl->gqa,
-                         q, qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
+    if (pl->f16)
+      kivi_gpu_f16_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_LC, pl->fs, pl->nf, q, qmul, part_o, part_ml,
+                          cnt, out, out_f16, async, lane);
+    else
+      kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots,
+                           pl->gqa, q, qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
   }
-  c->last_kernels = (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (fastk ? KIVI_KERNEL_GPU_F16X2 : 0u) |
-                    (fastk && pl->gqa ? KIVI_KERNEL_GPU_GQA : 0u);
+  c->last_kernels = pl->f16 ? KIVI_KERNEL_GPU_F16
+                            : (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (fastk ? KIVI_KERNEL_GPU_F16X2 : 0u) |
+                                  (fastk && pl->gqa ? KIVI_KERNEL_GPU_GQA : 0u);
   if (nitems == 0) return KIVI_OK;
 
   const unsigned char *pool = c->pool;
@@ -195,6 +201,33 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
  * and values are both quantized; in a decode call (no new tokens) it also takes the rest of
  * every row and the combine, and the portable kernel does not run. */
 static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int decode) {
+  if (decode && kivi_gpu_f16_eligible(c)) { /* the fp16 cache: one launch, nf splits of fs tokens */
+    int64_t maxLc = 0;
+    for (int r = 0; r < rows; ++r) {
+      hd[R_BEG * (int64_t)rows + r] = 0;
+      if (hd[R_LC * (int64_t)rows + r] > maxLc) maxLc = hd[R_LC * (int64_t)rows + r];
+    }
+    const int H = c->cfg.n_kv_heads, nqc = (HQ / H + KIVI_F16_NH - 1) / KIVI_F16_NH;
+    /* about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM), splits of 256 to
+     * KIVI_F16_SPLIT tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them where the
+     * split length allows (the last block of a (row, chunk) combines its splits alone:
+     * docs/PERF.md, round 18) */
+    const int64_t nb = (int64_t)rows * H * nqc;
+    int64_t nf = (KIVI_F16_BLOCKS + nb - 1) / nb;
+    if (nf > maxLc / 256) nf = maxLc / 256;
+    if (nf > KIVI_F16_MAXSPLITS) nf = KIVI_F16_MAXSPLITS;
+    if (nf < (maxLc + KIVI_F16_SPLIT - 1) / KIVI_F16_SPLIT) nf = (maxLc + KIVI_F16_SPLIT - 1) / KIVI_F16_SPLIT;
+    if (nf < 1) nf = 1;
+    int64_t fs = ((maxLc + nf - 1) / nf + 63) / 64 * 64;
+    if (fs > KIVI_F16_SPLIT) fs = KIVI_F16_SPLIT;
+    att_plan p;
+    memset(&p, 0, sizeof p);
+    p.fs = (int)fs;
+    p.nf = (int)((maxLc + fs - 1) / fs);
+    p.fused = p.f16 = 1;
+    p.nslots = p.nf;
+    return p;
+  }
   const int fast = kivi_gpu_fast_eligible(c), R = c->cfg.residual;
   int64_t maxbeg = 0, maxT = 0;
   for (int r = 0; r < rows; ++r) {
@@ -232,6 +265,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
   p.fs = fs;
   p.gqa = gqa;
+  p.f16 = 0;
   p.nf = nf;
   p.fused = fast && decode;
   if (p.fused) p.nsplit = p.nitems = 0;

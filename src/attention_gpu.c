@@ -48,6 +48,14 @@
 /* f16x2 words a lane's dot products of a K group are summed to in f16 before fp32: 2 words,
  * 4 sums of 32 products (H200, docs/PERF.md, round 12: 1 word was no faster, 8 cost 6 %) */
 #define FKWORDS 2
+/* Sharp attention: the quantized keys whose f16 logits lie within KIVI_FAST_REFINE_BITS (base 2)
+ * of the block's maximum, when there are at most FNT of them, get their logits again in fp32
+ * (one thread each), so that the keys that carry the output are not weighted with the f16
+ * sums' error (about 2^-11 of sum |q_c k_c|, a few percent at logits of about 50).  Beyond FNT
+ * such keys (flat attention) the errors of the many weights average out and nothing is redone. */
+#ifndef KIVI_FAST_REFINE_BITS
+#define KIVI_FAST_REFINE_BITS 10.0f
+#endif
 _Static_assert(KIVI_FAST_GRAIN == 32, "the kernel handles any whole number of 32-token groups");
 _Static_assert(KIVI_FAST_SPLIT / 32 % (FNW * 4) == 0, "whole K rounds per warp in a full split (FKU <= 4)");
 _Static_assert(KIVI_FAST_SPLIT / FNW % (8 * FVR) == 0, "whole V runs per lane in a full split");
@@ -118,6 +126,7 @@ static inline uint32_t wmaxu(uint32_t u) {
   return d;
 }
 static inline float fk_ex2(float x) { return __nvvm_ex2_approx_f(x); }
+static inline uint32_t fk_ballot(int pred) { return __nvvm_vote_ballot_sync(0xffffffffu, pred); }
 static inline void fk_sync(void) { __syncthreads(); }
 static inline void fk_wsync(void) { __nvvm_bar_warp_sync(0xffffffffu); }
 /* one thread's arrival for its block, after a barrier that follows the block's writes: the
@@ -148,6 +157,7 @@ static inline float shfx(float v, int o) { (void)o; return v; }
 static inline float shfi(float v, int l) { (void)l; return v; }
 static inline uint32_t wmaxu(uint32_t u) { return u; }
 static inline float fk_ex2(float x) { return exp2f(x); }
+static inline uint32_t fk_ballot(int pred) { return pred != 0; }
 static inline void fk_sync(void) {}
 static inline void fk_wsync(void) {}
 static inline unsigned fk_arrive_acq_rel(unsigned *p) { return (*p)++; }
@@ -189,6 +199,46 @@ static inline const unsigned char *fk_sub_at(const unsigned char *hb, const int3
 }
 static inline float wsum(float v) { for (int o = 16; o; o >>= 1) v += shfx(v, o); return v; }
 static inline float wmax(float v) { for (int o = 16; o; o >>= 1) v = fmaxf(v, shfx(v, o)); return v; }
+/* The fp32 logit (unscaled: sum_c qr[c] (code_c scale_c + zero_c)) of one quantized key row of
+ * `bits`-bit codes (row: its FD * bits / 32 code words) with its group's scales sz[0 .. FD) and
+ * zeros sz[FD .. 2 FD) (16-byte aligned), every load issued at once: the refinement of the
+ * logits near the maximum (KIVI_FAST_REFINE_BITS). */
+static inline __attribute__((always_inline)) float fk_exact_logit(const uint32_t *row, const uint16_t *sz, const float *qr, const int bits) {
+  const int cpw = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  uint32_t cw[FD / 8];
+  #pragma unroll
+  for (int e = 0; e < FD * bits / 128; ++e) {
+    const fk_v4u x = ld16(row + 4 * e);
+    cw[4 * e] = x.x;
+    cw[4 * e + 1] = x.y;
+    cw[4 * e + 2] = x.z;
+    cw[4 * e + 3] = x.w;
+  }
+  float acc = 0.0f;
+  #pragma unroll
+  for (int v = 0; v < FD / 8; ++v) { /* channels 8 v .. 8 v + 7 */
+    const fk_v4u s8 = ld16((const uint32_t *)sz + 4 * v), z8 = ld16((const uint32_t *)(sz + FD) + 4 * v);
+    float sc[8], ze[8];
+    h2f(s8.x, &sc[0], &sc[1]);
+    h2f(s8.y, &sc[2], &sc[3]);
+    h2f(s8.z, &sc[4], &sc[5]);
+    h2f(s8.w, &sc[6], &sc[7]);
+    h2f(z8.x, &ze[0], &ze[1]);
+    h2f(z8.y, &ze[2], &ze[3]);
+    h2f(z8.z, &ze[4], &ze[5]);
+    h2f(z8.w, &ze[6], &ze[7]);
+    float a = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int c = 8 * v + i;
+      const float code = (float)((cw[c / cpw] >> (bits * (c % cpw))) & mask);
+      a = fmaf(qr[c], fmaf(code, sc[i], ze[i]), a);
+    }
+    acc += a;
+  }
+  return acc;
+}
 /* One butterfly step over a lane's values lo and hi: the lanes with bit o set keep hi, the
  * others lo, and each adds the value its partner (lane ^ o) gave away: the sum over both lanes
  * of the kept one.  Scalar arguments, not an array: a select between two array elements
@@ -284,16 +334,16 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 #ifndef KIVI_GQA_PCOMBINE_MIN
 #define KIVI_GQA_PCOMBINE_MIN 8
 #endif
-/* The combine of the nslots partials of (row, head) rh by the block that arrived last; thread
- * tid writes channel tid.  kivi_combine_item reads the slots one after the other, its part_o
+/* The combine of the nslots partials of (row, head) rh (head_dim D <= FNT) by the block that
+ * arrived last; thread tid < D writes channel tid.  kivi_combine_item reads the slots one after the other, its part_o
  * load behind a branch on the slot's sum; here all threads compute the slots' weights
  * w = 2^(m - M) (0 where l = 0) at once, FNT slots per round staged in s_w, and the part_o
  * loads carry no branch, so that several are in flight (a slot with l = 0 may hold no o: its
  * value is loaded and dropped).  s_w: FNT floats, s_r: FNW floats of shared memory, free
  * once the block's own partials are written. */
-__attribute__((noinline)) static void fk_combine(size_t rh, int tid, int nslots, const float *part_o, const float *part_ml, void *out,
-                              int out_f16, float *s_w, float *s_r) {
-  const float *ml = part_ml + rh * nslots * 2, *po = part_o + rh * nslots * FD + tid;
+__attribute__((noinline)) static void fk_combine(size_t rh, int tid, int D, int nslots, const float *part_o,
+                                                const float *part_ml, void *out, int out_f16, float *s_w, float *s_r) {
+  const float *ml = part_ml + rh * nslots * 2, *po = part_o + rh * nslots * D + (tid < D ? tid : 0);
   const int lane = tid & 31, wid = tid >> 5;
   float M = -INFINITY;
   for (int s = tid; s < nslots; s += FNT) M = fmaxf(M, ml[2 * s]);
@@ -316,7 +366,7 @@ __attribute__((noinline)) static void fk_combine(size_t rh, int tid, int nslots,
     fk_sync();
     #pragma unroll 8
     for (int j = 0; j < n; ++j) {
-      const float o = po[(size_t)(c + j) * FD], wj = s_w[j];
+      const float o = po[(size_t)(c + j) * D], wj = s_w[j];
       num += wj > 0.0f ? wj * o : 0.0f;
     }
   }
@@ -325,8 +375,7 @@ __attribute__((noinline)) static void fk_combine(size_t rh, int tid, int nslots,
   if (lane == 0) s_r[wid] = den;
   fk_sync();
   const float o = num / ((s_r[0] + s_r[1]) + (s_r[2] + s_r[3]));
-  if (out_f16) ((uint16_t *)out)[rh * FD + tid] = kivi_f32_to_f16(o);
-  else ((float *)out)[rh * FD + tid] = o;
+  if (tid < D) kivi_store_out(out, out_f16, (int64_t)rh * D + tid, o);
 }
 #pragma omp end declare target
 
@@ -375,6 +424,46 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
 #undef KIVI_REGION_FILE
 }
 
+int kivi_gpu_f16_eligible(const kivi_cache *c) {
+  const kivi_cache_config *f = &c->cfg;
+  const int R = f->residual;
+  return c->ctx->on_gpu && f->attention == KIVI_ATTENTION_FAST && f->k_bits == 16 && f->v_bits == 16 &&
+         (f->head_dim == 128 || f->head_dim == 64) && R >= 32 && (R & (R - 1)) == 0 && c->lay.block_bytes <= UINT32_MAX;
+}
+
+void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
+                         int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
+                         unsigned *cnt, void *out, int out_f16, int async, int lane) {
+  const unsigned char *pool = c->pool;
+  const int32_t *bt = c->bt;
+  const uint16_t *kres = c->kres, *vres = c->vres;
+  const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
+  const int gsz = HQ / H, nqc = (gsz + KIVI_F16_NH - 1) / KIVI_F16_NH, Rm = R - 1;
+  int lr = 0;
+  while ((1 << lr) < R) ++lr;
+  const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_f16_eligible */
+  const size_t sub = c->lay.sub_bytes;
+  const unsigned vcode_off = (unsigned)c->lay.vcode_off;
+  const int dev = c->ctx->device;
+  const int nblk = rows * H * nqc * nf;
+  if (nblk <= 0) return;
+#define F16_NH KIVI_F16_NH
+#define F16_SPLIT KIVI_F16_SPLIT
+#define KIVI_REGION_FILE "attention_f16.inc"
+  if (c->cfg.head_dim == 64) {
+#define F16_D 64
+#include "region_twice.inc"
+#undef F16_D
+  } else {
+#define F16_D 128
+#include "region_twice.inc"
+#undef F16_D
+  }
+#undef KIVI_REGION_FILE
+#undef F16_SPLIT
+#undef F16_NH
+}
+
 #else /* no offload: never eligible */
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   (void)c;
@@ -386,5 +475,15 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   (void)c; (void)layer; (void)rows; (void)HQ; (void)dd; (void)ndd; (void)col_seq; (void)col_beg; (void)col_lc; (void)fs;
   (void)nf; (void)nslots; (void)gqa; (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)cnt; (void)out; (void)out_f16;
   (void)async; (void)lane;
+}
+int kivi_gpu_f16_eligible(const kivi_cache *c) {
+  (void)c;
+  return 0;
+}
+void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
+                         int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
+                         unsigned *cnt, void *out, int out_f16, int async, int lane) {
+  (void)c; (void)layer; (void)rows; (void)HQ; (void)dd; (void)ndd; (void)col_seq; (void)col_lc; (void)fs; (void)nf;
+  (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)cnt; (void)out; (void)out_f16; (void)async; (void)lane;
 }
 #endif

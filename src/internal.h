@@ -207,6 +207,20 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
                           int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
 
+/* GPU fp16-cache path (attention_gpu.c, attention_f16.inc): a decode call on a cache of 16-bit
+ * keys and values, head_dim 128, R a power of two >= 32, in one launch: a block per (row,
+ * kv-head, chunk of up to KIVI_F16_NH query heads, split of fs <= KIVI_F16_SPLIT tokens, a
+ * multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by the last
+ * block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head). */
+#define KIVI_F16_NH 4
+#define KIVI_F16_SPLIT 2048
+#define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
+#define KIVI_F16_MAXSPLITS 32
+int kivi_gpu_f16_eligible(const kivi_cache *c);
+void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
+                         int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
+                         unsigned *cnt, void *out, int out_f16, int async, int lane);
+
 /* Columns of a larger append's descriptor (cache.c; n_seqs int64 values each): sequence id,
  * stored length L, new tokens, first stage row, completed blocks before it (prefix), values
  * leaving the window before it (prefix), first position of its values leaving the window. */

@@ -9,11 +9,20 @@
 /* FAST_REL_TOL: the GPU f16x2 kernel (KIVI_ATTENTION_FAST) computes products and short sums
  * in fp16: fp16-attention accuracy class (research/omp-spike.md measured 5.5e-4 .. 1.1e-3). */
 #define FAST_REL_TOL 2e-3
-/* FAST_SHARP_REL_TOL: the f16x2 kernel on sharp attention, where a few keys' logits are far
- * larger than the rest (logits of about 50 here): its f16 partial sums carry an absolute logit
- * error of about 2^-11 of the sum of |q_c k_c|, which weights the competing top keys by up to a
- * few percent (measured on the H200: 3.3e-3 to 1.5e-2).  KIVI_ATTENTION_FP32 holds ATTN_REL_TOL. */
-#define FAST_SHARP_REL_TOL 2e-2
+/* F16_MMA_REL_TOL: the GPU kernel of 16-bit caches (KIVI_KERNEL_GPU_F16): exact fp16 K/V times q
+ * and p carried as two f16 parts (22 bits), fp32 accumulation on the tensor cores: the portable
+ * kernel's class (H200: at most 4.1e-7 on the degenerate patterns). */
+#define F16_MMA_REL_TOL 1e-5
+/* GQA_SHARP_REL_TOL: the f16x2 kernel's tensor-core GQA variant (KIVI_KERNEL_GPU_GQA) on sharp
+ * attention: its K operands q * scale are f16, and unlike the per-head kernel it does not compute
+ * the logits near the maximum again in fp32 (H200: 9.1e-3 and 9.4e-3, 2- and 4-bit; this misses
+ * the FAST_REL_TOL class the other cases hold). */
+#define GQA_SHARP_REL_TOL 2e-2
+/* SHARP_REL_TOL: the fp32-class kernels (portable, fp16 cache's) on sharp attention, where a few
+ * logits reach about 70 (base 2): an fp32 logit that large is only good to about 2^-24 x 70 x
+ * sqrt(D) absolute, about 5e-5 (host, portable: up to 1.3e-5; H200, the fp16 cache's kernel,
+ * whose tensor-core fp32 sums do not round each addition: up to 1.1e-5). */
+#define SHARP_REL_TOL 5e-5
 /* LSE_ABS_TOL: log-sum-exp in natural-log units (values of order 1..10). */
 #define LSE_ABS_TOL 2e-5
 
@@ -67,6 +76,19 @@ static double rel_err(const float *got, const double *want, size_t n) {
   return num / (den > 0 ? den : 1);
 }
 
+/* The tolerance of the kernel that ran (kivi_cache_last_kernels), sharp: the sharp-attention case. */
+static double kernel_tol(unsigned kernels, int sharp) {
+  if (kernels & KIVI_KERNEL_GPU_F16X2) return sharp && (kernels & KIVI_KERNEL_GPU_GQA) ? GQA_SHARP_REL_TOL : FAST_REL_TOL;
+  if (sharp) return SHARP_REL_TOL;
+  return (kernels & KIVI_KERNEL_GPU_F16) ? F16_MMA_REL_TOL : ATTN_REL_TOL;
+}
+static const char *kernel_name(unsigned kernels) {
+  return (kernels & KIVI_KERNEL_GPU_GQA)     ? "gpu-gqa"
+         : (kernels & KIVI_KERNEL_GPU_F16X2) ? "gpu-f16x2"
+         : (kernels & KIVI_KERNEL_GPU_F16)   ? "gpu-f16"
+                                             : "portable";
+}
+
 static void append_all(kivi_cache *c, int seq, int L, const float *k, const float *v) {
   if (L == 0) return;
   ck_assert_int_eq(kivi_cache_append(c, 0, 1, &seq, &L, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
@@ -89,7 +111,7 @@ static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed)
   ck_assert_int_eq(kivi_attention_decode(c, 0, nseq, ids, a->HQ, q, scale, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
   unsigned kernels = 0;
   ck_assert_int_eq(kivi_cache_last_kernels(c, &kernels), KIVI_OK);
-  const double tol = (kernels & KIVI_KERNEL_GPU_F16X2) ? FAST_REL_TOL : ATTN_REL_TOL;
+  const double tol = kernel_tol(kernels, 0);
   double *ref = malloc(sizeof(double) * qn), worst = 0, worst_fp = 0;
   for (int i = 0; i < nseq; ++i) {
     const int s = ids[i];
@@ -113,8 +135,7 @@ static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed)
   const double bound = b == 2 ? 0.35 : b == 4 ? 0.05 : 0.005;
   ck_assert_msg(worst_fp <= bound, "error vs fp32 K/V %.3g > %.3g", worst_fp, bound);
   printf("decode D%-3d H%d HQ%-2d k%-2d v%-2d G%-3d R%-3d batch %d (%s): rel err vs dequantized %.2e, vs fp32 K/V %.2e\n",
-         a->D, a->H, a->HQ, a->kb, a->vb, a->G, a->R, nseq, (kernels & KIVI_KERNEL_GPU_F16X2) ? "gpu-f16x2" : "portable",
-         worst, worst_fp);
+         a->D, a->H, a->HQ, a->kb, a->vb, a->G, a->R, nseq, kernel_name(kernels), worst, worst_fp);
   for (int s = 0; s < nseq; ++s) { free(k[s]); free(v[s]); }
   free(k); free(v); free(q); free(out); free(ids); free(ref);
   kivi_cache_destroy(c);
@@ -314,7 +335,7 @@ END_TEST
  * query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
  * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
  * set; the FP32 mode always runs the portable kernel. */
-static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int gqa) {
+static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int gqa, int sharp) {
   const acase a = {128, H, HQ, b, b, 32, 128, 0};
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, 1, a.H, a.D, nrows, 9216);
@@ -331,6 +352,11 @@ static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len,
   }
   const size_t qn = (size_t)a.HQ * a.D;
   float *q = tu_random(qn * nrows, 77, 1.0f), *out = malloc(sizeof(float) * qn * nrows);
+  if (sharp) /* sharp attention: q = 1.5 x the key of token len / 3 (as degenerate_case's pattern 4) */
+    for (int s = 0; s < nrows; ++s)
+      for (int hq = 0; hq < a.HQ; ++hq)
+        for (int d = 0; d < a.D; ++d)
+          q[qn * s + (size_t)hq * a.D + d] = 1.5f * k[s][((size_t)(len[s] / 3) * a.H + hq / (a.HQ / a.H)) * a.D + d];
   const float scale = 1.0f / sqrtf(128.0f);
   ck_assert_int_eq(kivi_attention_decode(c, 0, nrows, ids, a.HQ, q, scale, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
   unsigned kernels = 0;
@@ -350,9 +376,9 @@ static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len,
     free(kd);
     free(vd);
   }
-  const double tol = fast ? FAST_REL_TOL : ATTN_REL_TOL;
-  printf("%d rows, %d-bit, %s mode, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, b,
-         mode ? "fp32" : "fast", a.HQ, a.H, fast ? (kernels & KIVI_KERNEL_GPU_GQA ? "gpu-gqa" : "gpu-f16x2") : "portable",
+  const double tol = kernel_tol(kernels, sharp);
+  printf("%d rows, %d-bit, %s mode%s, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, b,
+         mode ? "fp32" : "fast", sharp ? ", sharp" : "", a.HQ, a.H, fast ? (kernels & KIVI_KERNEL_GPU_GQA ? "gpu-gqa" : "gpu-f16x2") : "portable",
          worst, tol);
   ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
   for (int s = 0; s < nrows; ++s) { free(k[s]); free(v[s]); }
@@ -368,7 +394,7 @@ START_TEST(decode_long_rows_both_modes) {
   const int b = _i ? 4 : 2; /* KIVI-2, KIVI-4 */
   for (int mode = 0; mode < 2; ++mode)
     for (int gqa = 0; gqa < 3; ++gqa)
-      rows_case(b, mode, gqa == 2 ? 8 : 2, gqa == 0 ? 2 : gqa == 1 ? 8 : 32, 4, len, gqa == 2);
+      rows_case(b, mode, gqa == 2 ? 8 : 2, gqa == 0 ? 2 : gqa == 1 ? 8 : 32, 4, len, gqa == 2, 0);
 }
 END_TEST
 
@@ -378,7 +404,8 @@ END_TEST
 START_TEST(decode_gqa_many_rows) {
   int len[16];
   for (int s = 0; s < 16; ++s) len[s] = s == 5 ? 200 : 2300 - 29 * s;
-  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 1);
+  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 1, 0);
+  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 1, 1); /* sharp attention on the GQA kernel */
 }
 END_TEST
 
@@ -388,7 +415,7 @@ END_TEST
  * quantized-tail start 3968; row 1 (quantized up to 2848) keeps its own start. */
 START_TEST(decode_folded_tail) {
   const int len[] = {4100, 3000};
-  rows_case(_i ? 4 : 2, 0, 32, 32, 2, len, 0);
+  rows_case(_i ? 4 : 2, 0, 32, 32, 2, len, 0, 0);
 }
 END_TEST
 
@@ -398,18 +425,19 @@ END_TEST
  * the fp16 window and than one key group are among them. */
 START_TEST(decode_single_block_rows) {
   const int len[] = {4200, 700, 1500, 3000, 150, 2500, 4000, 900, 3500};
-  rows_case(_i ? 4 : 2, 0, 2, 32, 9, len, 0);
+  rows_case(_i ? 4 : 2, 0, 2, 32, 9, len, 0, 0);
 }
 END_TEST
 
-/* Degenerate groups that real models have, and sharp attention, on the decode kernels (2- and
- * 4-bit, D 128, G 32, R 128, MHA and 4 query heads per kv-head): a constant key channel (0.37 in
- * every token: scale 0), a key channel of tiny values (0 or 2^-24: the scale rounds to 0), every
- * 17th token's values constant (1.25 in every channel), all three at once, and one key whose
- * score dominates (q = 1.5 x that key; with the outlier channel of make_kv a few keys' logits
- * reach about 50).  The error is measured against the reference on the dequantized cache and
- * held to the kernel's class: ATTN_REL_TOL (portable), FAST_REL_TOL (f16x2; H200: at most
- * 8.0e-4 on patterns 0-3), FAST_SHARP_REL_TOL (f16x2, pattern 4). */
+/* Degenerate groups that real models have, and sharp attention, on the decode kernels (2-, 4-
+ * and 16-bit, D 128, G 32, R 128, MHA and 4 query heads per kv-head): a constant key channel
+ * (0.37 in every token: scale 0), a key channel of tiny values (0 or 2^-24: the scale rounds to
+ * 0), every 17th token's values constant (1.25 in every channel), all three at once, and one key
+ * whose score dominates (q = 1.5 x that key; with the outlier channel of make_kv a few keys'
+ * logits reach about 50).  The error is measured against the reference on the dequantized cache
+ * and held to the class of the kernel that ran (kernel_tol): sharp attention included, the
+ * f16x2 kernel holds FAST_REL_TOL because it computes the logits near the maximum again in fp32
+ * (before that it reached 1.5e-2 there on the H200). */
 static double degenerate_case(int kb, int HQ, int L, int pattern) {
   const acase a = {128, 2, HQ, kb, kb, 32, 128, 0};
   kivi_cache *c = make_cache(&a, 1, 4096);
@@ -439,9 +467,9 @@ static double degenerate_case(int kb, int HQ, int L, int pattern) {
   dequant_seq(c, &a, 0, L, &kd, &vd);
   ref_attention(L, a.H, HQ, a.D, kd, vd, q, scale, ref, NULL);
   const double e = rel_err(out, ref, qn);
-  const double tol = !(kernels & KIVI_KERNEL_GPU_F16X2) ? ATTN_REL_TOL : pattern == 4 ? FAST_SHARP_REL_TOL : FAST_REL_TOL;
+  const double tol = kernel_tol(kernels, pattern == 4);
   printf("degenerate pattern %d, %d-bit, HQ %d, L %d (%s): rel err %.2e (tolerance %.0e)\n", pattern, kb, HQ, L,
-         (kernels & KIVI_KERNEL_GPU_GQA) ? "gpu-gqa" : (kernels & KIVI_KERNEL_GPU_F16X2) ? "gpu-f16x2" : "portable", e, tol);
+         kernel_name(kernels), e, tol);
   free(kd); free(vd); free(ref); free(k); free(v); free(q); free(out);
   kivi_cache_destroy(c);
   return e / tol;
@@ -451,11 +479,26 @@ START_TEST(decode_degenerate_groups) {
   const int lens[] = {129, 257, 647, 2100};
   double worst = 0;
   for (int pattern = 0; pattern < 5; ++pattern)
-    for (int kb = 2; kb <= 4; kb += 2)
+    for (int kb = 2; kb <= 16; kb = kb == 2 ? 4 : kb + 12) /* 2, 4 and 16 (the fp16 cache) */
       for (int hq = 2; hq <= 8; hq *= 4)
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li)
           worst = fmax(worst, degenerate_case(kb, hq, lens[li], pattern));
   ck_assert_msg(worst <= 1.0, "a degenerate case's error is %.2f x its tolerance", worst);
+}
+END_TEST
+
+/* The fp16 cache's decode (on a GPU its own kernel, KIVI_KERNEL_GPU_F16): head_dim 64 and 128,
+ * query heads per kv-head 1, 3, 4, 7 and 8 (chunks of up to 4 heads: 7 = 4 + 3), R 32 and 128, a ragged batch whose
+ * rows end in the window only (1, 64), at and around a flushed block (127 .. 129) and past one
+ * or more splits (2049 .. 4090). */
+START_TEST(decode_f16_cache) {
+  const int lens[] = {1, 64, 127, 128, 129, 300, 2049, 4090, 700};
+  const int ratios[] = {1, 3, 4, 7, 8};
+  for (int ri = 0; ri < 5; ++ri)
+    for (int D = 64; D <= 128; D += 64) {
+      const acase a = {D, D == 64 ? 3 : 2, (D == 64 ? 3 : 2) * ratios[ri], 16, 16, 32, _i ? 32 : 128, 0};
+      decode_case(&a, 9, lens, 500 + 7 * (uint64_t)ri + (uint64_t)D);
+    }
 }
 END_TEST
 
@@ -507,6 +550,7 @@ int main(void) {
   tcase_add_loop_test(tc, decode_folded_tail, 0, 2);
   tcase_add_loop_test(tc, decode_single_block_rows, 0, 2);
   tcase_add_test(tc, decode_degenerate_groups);
+  tcase_add_loop_test(tc, decode_f16_cache, 0, 2);
   tcase_add_test(tc, bad_arguments);
   suite_add_tcase(s, tc);
   return tu_run(s);

@@ -35,6 +35,7 @@ program test_fortran
   call c("KIVI_MAX_ASYNC_LANES", KIVI_MAX_ASYNC_LANES); call c("KIVI_ALL_SEQS", KIVI_ALL_SEQS)
   call c("KIVI_KERNEL_PORTABLE", KIVI_KERNEL_PORTABLE); call c("KIVI_KERNEL_GPU_F16X2", KIVI_KERNEL_GPU_F16X2)
   call c("KIVI_KERNEL_GPU_GQA", KIVI_KERNEL_GPU_GQA)
+  call c("KIVI_KERNEL_GPU_F16", KIVI_KERNEL_GPU_F16)
 
   call sz("kivi_context_info", c_sizeof(info))
   call off("kivi_context_info.device", c_loc(info), c_loc(info%device))

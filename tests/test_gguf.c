@@ -195,6 +195,113 @@ START_TEST(open_files) {
 }
 END_TEST
 
+/* GGUF v3, alignment 64 (general.alignment), block_count 3: tensors "token_embd.weight" (F32 5),
+ * "blk.0.a" (F32 3), "blk.2.a" (F16 4), "blk.1.a" (F32 2), "blk.10x" (not a block tensor: no dot
+ * after the number), "output.weight" (F32 1); element i of tensor k holds 10 k + i. */
+static void build_layers(wbuf *o) {
+  static const char *names[] = {"token_embd.weight", "blk.0.a", "blk.2.a", "blk.1.a", "blk.10x", "output.weight"};
+  static const int len[] = {5, 3, 4, 2, 1, 1};
+  o->n = 0;
+  w(o, 0x46554747u, 4);
+  w(o, 3, 4);
+  w(o, 6, 8);
+  w(o, 3, 8);
+  ws(o, "general.architecture");
+  w(o, GGUF_STRING, 4);
+  ws(o, "llama");
+  ws(o, "general.alignment");
+  w(o, GGUF_UINT32, 4);
+  w(o, 64, 4);
+  ws(o, "llama.block_count");
+  w(o, GGUF_UINT32, 4);
+  w(o, 3, 4);
+  uint64_t off = 0;
+  for (int k = 0; k < 6; ++k) {
+    ws(o, names[k]);
+    w(o, 1, 4);
+    w(o, (uint64_t)len[k], 8);
+    w(o, k == 2 ? GGML_F16 : GGML_F32, 4);
+    w(o, off, 8);
+    off = (off + (uint64_t)len[k] * (k == 2 ? 2 : 4) + 63) / 64 * 64;
+  }
+  while (o->n % 64) o->b[o->n++] = 0;
+  const size_t data = o->n;
+  off = 0;
+  for (int k = 0; k < 6; ++k) {
+    while (o->n < data + off) o->b[o->n++] = 0;
+    for (int i = 0; i < len[k]; ++i) w(o, (uint64_t)(10 * k + i), k == 2 ? 2 : 4);
+    off = (off + (uint64_t)len[k] * (k == 2 ? 2 : 4) + 63) / 64 * 64;
+  }
+}
+
+/* gguf_write_cut: the cut parses, has the first N blocks' tensors and the others with their
+ * bytes, block_count N and every other entry unchanged; bad layer counts are refused. */
+START_TEST(cut_to_first_layers) {
+  wbuf o;
+  build_layers(&o);
+  gguf_file f, g;
+  char err[256];
+  ck_assert_msg(gguf_parse(o.b, o.n, &f, err, sizeof err) == 0, "%s", err);
+  for (int n = 1; n <= 3; ++n) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(m);
+    ck_assert_msg(gguf_write_cut(&f, n, m, err, sizeof err) == 0, "%s", err);
+    fclose(m);
+    ck_assert_msg(gguf_parse(buf, len, &g, err, sizeof err) == 0, "cut to %d: %s", n, err);
+    int64_t v = 0;
+    ck_assert(gguf_get_int(&g, "llama.block_count", &v));
+    ck_assert_int_eq(v, n);
+    ck_assert(gguf_get_int(&g, "general.alignment", &v));
+    ck_assert_int_eq(v, 64);
+    ck_assert_uint_eq(g.n_kv, 3);
+    ck_assert_uint_eq(g.n_tensors, 3 + (uint64_t)n);
+    const char *blk[3] = {"blk.0.a", "blk.1.a", "blk.2.a"};
+    for (int b = 0; b < 3; ++b) ck_assert((gguf_find_tensor(&g, blk[b]) != NULL) == (b < n));
+    for (uint64_t k = 0; k < f.n_tensors; ++k) { /* every kept tensor: same shape, type and bytes */
+      const gguf_tensor *a = &f.tensors[k], *c = NULL;
+      for (uint64_t j = 0; j < g.n_tensors; ++j)
+        if (g.tensors[j].name.n == a->name.n && !memcmp(g.tensors[j].name.p, a->name.p, a->name.n)) c = &g.tensors[j];
+      if (!c) continue;
+      ck_assert_uint_eq(c->type, a->type);
+      ck_assert_uint_eq(c->dims[0], a->dims[0]);
+      ck_assert_uint_eq(c->nbytes, a->nbytes);
+      ck_assert_uint_eq(c->offset % 64, 0);
+      ck_assert(!memcmp(c->data, a->data, a->nbytes));
+    }
+    ck_assert_ptr_nonnull(gguf_find_tensor(&g, "blk.10x"));
+    gguf_close(&g);
+    free(buf);
+  }
+  FILE *m = fopen("/dev/null", "wb");
+  ck_assert_ptr_nonnull(m);
+  ck_assert_int_ne(gguf_write_cut(&f, 0, m, err, sizeof err), 0);
+  ck_assert_int_ne(gguf_write_cut(&f, 4, m, err, sizeof err), 0);
+  printf("cut to 4 of 3 layers refused: %s\n", err);
+  fclose(m);
+  gguf_close(&f);
+  build(&o); /* block_count 30 but no block tensors: a cut keeps every tensor */
+  ck_assert_msg(gguf_parse(o.b, o.n, &f, err, sizeof err) == 0, "%s", err);
+  char *buf = NULL;
+  size_t len = 0;
+  m = open_memstream(&buf, &len);
+  ck_assert_int_eq(gguf_write_cut(&f, 2, m, err, sizeof err), 0);
+  fclose(m);
+  ck_assert_msg(gguf_parse(buf, len, &g, err, sizeof err) == 0, "%s", err);
+  ck_assert_uint_eq(g.n_tensors, 2);
+  const gguf_kv *ta = gguf_find_kv(&f, "tokenizer.ggml.tokens"), *tb = gguf_find_kv(&g, "tokenizer.ggml.tokens");
+  ck_assert_ptr_nonnull(tb);
+  ck_assert_uint_eq(tb->arr_n, 3);
+  ck_assert(!memcmp(ta->val, tb->val, 4 + 8 + 3 * 8 + 1 + 2 + 3)); /* the array as written */
+  double base = 0;
+  ck_assert(gguf_get_float(&g, "llama.rope.freq_base", &base) && base == 10000.0);
+  gguf_close(&g);
+  gguf_close(&f);
+  free(buf);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("gguf");
   TCase *tc = tcase_create("gguf");
@@ -203,6 +310,7 @@ int main(void) {
   tcase_add_test(tc, targeted_corruptions_rejected);
   tcase_add_test(tc, random_flips_never_crash);
   tcase_add_test(tc, open_files);
+  tcase_add_test(tc, cut_to_first_layers);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -10,7 +10,7 @@ version=$(sed -n 's/^#define KIVI_VERSION_STRING "\(.*\)"/\1/p' "$b/include/kivi
 bad=0
 n=0
 for p in tools/kivi-info tools/kivi-cubin-fix bench/kivi-bench examples/llm/kivi-run examples/kivi_layers \
-         examples/kivi_multi_device examples/llm/kivi_gguf_info examples/mpi/kivi_mpi_heads; do
+         examples/kivi_multi_device examples/llm/kivi_gguf_info examples/llm/kivi_gguf_cut examples/mpi/kivi_mpi_heads; do
   exe=$b/$p$E
   [ -x "$exe" ] || { echo "($p not built here)"; continue; }
   name=$(basename "$p")
@@ -28,6 +28,14 @@ for p in tools/kivi-info tools/kivi-cubin-fix bench/kivi-bench examples/llm/kivi
   n=$((n + 1))
 done
 echo "conventions: $n programs answer --help, --version and an unknown option as documented"
+# kivi-bench's decode table for a GQA shape with head_dim 64 (--kv-heads, --head-dim): one line per
+# width (2 and 4 bits), each checked against the double-precision reference (last column)
+if [ -x "$b/bench/kivi-bench$E" ]; then
+  out=$("$b/bench/kivi-bench$E" --shape 1,6,200 --kv-heads 2 --head-dim 64 --skip-append --reps 1 2>/dev/null); rc=$?
+  lines=$(echo "$out" | awk '$1 == 1 && $2 == 6 && $3 == 200 && $NF + 0 < 2e-3' | wc -l)
+  { [ $rc -eq 0 ] && [ "$lines" -eq 2 ]; } || { echo "FAIL: kivi-bench --kv-heads 2 --head-dim 64: exit $rc, $lines good lines"; echo "$out"; bad=1; }
+  echo "kivi-bench: a GQA shape with head_dim 64, both widths within 2e-3 of the reference"
+fi
 out=$("$b/tools/kivi-info$E" 2>&1); rc=$?
 echo "$out" | sed 's/^/  /'
 { [ $rc -eq 0 ] && echo "$out" | grep -q '^kivi-info: all checks passed$'; } || { echo "FAIL: kivi-info exit $rc"; bad=1; }

@@ -332,3 +332,87 @@ int gguf_get_array(const gguf_file *f, const char *key, uint32_t elem_type, cons
   *n = kv->arr_n;
   return 1;
 }
+
+/* ---- writing a cut of a file (gguf.h: gguf_write_cut) ---- */
+
+static int put(FILE *out, uint64_t v, int bytes) {
+  uint8_t b[8];
+  for (int i = 0; i < bytes; ++i) b[i] = (uint8_t)(v >> (8 * i));
+  return fwrite(b, 1, (size_t)bytes, out) == (size_t)bytes ? 0 : -1;
+}
+static int put_str(FILE *out, gguf_str s) {
+  return put(out, s.n, 8) || (s.n && fwrite(s.p, 1, (size_t)s.n, out) != s.n) ? -1 : 0;
+}
+static int put_pad(FILE *out, uint64_t *pos, uint64_t align) {
+  static const uint8_t zero[256];
+  while (*pos % align) {
+    const uint64_t k = align - *pos % align < sizeof zero ? align - *pos % align : sizeof zero;
+    if (fwrite(zero, 1, (size_t)k, out) != k) return -1;
+    *pos += k;
+  }
+  return 0;
+}
+/* The transformer block of a tensor name "blk.<i>.<rest>", or -1. */
+static int64_t tensor_block(gguf_str name) {
+  if (name.n < 6 || memcmp(name.p, "blk.", 4)) return -1;
+  int64_t b = 0;
+  uint64_t i = 4;
+  for (; i < name.n && name.p[i] >= '0' && name.p[i] <= '9' && b < ((int64_t)1 << 40); ++i) b = 10 * b + (name.p[i] - '0');
+  return i > 4 && i < name.n && name.p[i] == '.' ? b : -1;
+}
+
+int gguf_write_cut(const gguf_file *f, int n_layers, FILE *out, char *err, size_t errlen) {
+  cursor c = {NULL, NULL, err, errlen};
+  const gguf_kv *arch = gguf_find_kv(f, "general.architecture");
+  if (!arch || arch->type != GGUF_STRING) return fail(&c, "no general.architecture");
+  const uint64_t an = rd(arch->val, 8);
+  char key[128];
+  if (an > sizeof key - 16) return fail(&c, "architecture name too long");
+  memcpy(key, arch->val + 8, (size_t)an);
+  memcpy(key + an, ".block_count", 13);
+  const gguf_kv *bc = gguf_find_kv(f, key);
+  int64_t blocks = 0;
+  if (!bc || !gguf_get_int(f, key, &blocks) || scalar_size(bc->type) < 4)
+    return fail(&c, "no integer %s (of 4 or 8 bytes)", key);
+  if (n_layers < 1 || n_layers > blocks) return fail(&c, "%d layers asked, the file has %lld", n_layers, (long long)blocks);
+  uint64_t kept = 0;
+  for (uint64_t i = 0; i < f->n_tensors; ++i) kept += tensor_block(f->tensors[i].name) < n_layers;
+  uint64_t pos = 24;
+  if (put(out, 0x46554747u, 4) || put(out, f->version, 4) || put(out, kept, 8) || put(out, f->n_kv, 8)) goto io;
+  for (uint64_t i = 0; i < f->n_kv; ++i) { /* each entry as it is, block_count set */
+    const gguf_kv *kv = &f->kv[i];
+    cursor v = {kv->val, f->base + f->size, err, errlen};
+    if (skip_value(&v, kv->type, NULL)) return -1; /* (validated by the parser: cannot fail) */
+    const size_t vn = (size_t)(v.p - kv->val);
+    if (put_str(out, kv->key) || put(out, kv->type, 4)) goto io;
+    if (kv == bc) {
+      if (put(out, (uint64_t)n_layers, (int)scalar_size(kv->type))) goto io;
+    } else if (fwrite(kv->val, 1, vn, out) != vn) {
+      goto io;
+    }
+    pos += 8 + kv->key.n + 4 + vn;
+  }
+  uint64_t off = 0; /* the kept tensors' data offsets, each aligned */
+  for (uint64_t i = 0; i < f->n_tensors; ++i) {
+    const gguf_tensor *t = &f->tensors[i];
+    if (tensor_block(t->name) >= n_layers) continue;
+    off = (off + f->alignment - 1) / f->alignment * f->alignment;
+    if (put_str(out, t->name) || put(out, t->n_dims, 4)) goto io;
+    for (uint32_t d = 0; d < t->n_dims; ++d)
+      if (put(out, t->dims[d], 8)) goto io;
+    if (put(out, t->type, 4) || put(out, off, 8)) goto io;
+    pos += 8 + t->name.n + 4 + 8ull * t->n_dims + 12;
+    off += t->nbytes;
+  }
+  if (put_pad(out, &pos, f->alignment)) goto io;
+  uint64_t dpos = 0;
+  for (uint64_t i = 0; i < f->n_tensors; ++i) {
+    const gguf_tensor *t = &f->tensors[i];
+    if (tensor_block(t->name) >= n_layers) continue;
+    if (put_pad(out, &dpos, f->alignment) || fwrite(t->data, 1, (size_t)t->nbytes, out) != t->nbytes) goto io;
+    dpos += t->nbytes;
+  }
+  return 0;
+io:
+  return fail(&c, "write error");
+}

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum gguf_type { /* metadata value types */
   GGUF_UINT8 = 0, GGUF_INT8 = 1, GGUF_UINT16 = 2, GGUF_INT16 = 3, GGUF_UINT32 = 4, GGUF_INT32 = 5,
@@ -68,6 +69,12 @@ int gguf_get_float(const gguf_file *f, const char *key, double *out);
  * type elem_type.  0 if the key is absent or of another type, -1 if out of memory. */
 int gguf_get_str_array(const gguf_file *f, const char *key, gguf_str **out, uint64_t *n);
 int gguf_get_array(const gguf_file *f, const char *key, uint32_t elem_type, const void **data, uint64_t *n);
+/* Writes to out a copy of f cut to its first n_layers transformer blocks: the tensors named
+ * "blk.<i>.*" with i >= n_layers are left out and "<arch>.block_count" becomes n_layers; every
+ * other metadata entry and tensor is copied byte for byte (tensor data aligned to the file's
+ * alignment).  0, or -1 with a message in err (n_layers outside 1..block_count, no integer
+ * block_count, a write error). */
+int gguf_write_cut(const gguf_file *f, int n_layers, FILE *out, char *err, size_t errlen);
 /* Block size (elements) and bytes per block of a tensor type; 0 for an unknown type. */
 uint64_t ggml_block_elems(uint32_t type);
 uint64_t ggml_block_bytes(uint32_t type);

@@ -1,0 +1,36 @@
+# fp16 attention decode anchor: PyTorch's scaled_dot_product_attention (cuDNN on an H200) on
+# the decode shapes of scripts/decode-table.sh, GPU time per call from CUDA events with the L2
+# flushed before each call (median of 20).  PyTorch is the anchor, never a dependency of the
+# library.  Usage: python3 scripts/sdpa-anchor.py OUT.json B,HQ,HK,D,S [B,HQ,HK,D,S ...]
+import json, sys
+import torch
+import torch.nn.functional as F
+
+out, shapes = sys.argv[1], [tuple(int(x) for x in a.split(',')) for a in sys.argv[2:]]
+flush = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device='cuda')
+res = []
+for B, HQ, HK, D, S in shapes:
+    q = torch.randn(B, HQ, 1, D, dtype=torch.float16, device='cuda')
+    k = torch.randn(B, HK, S, D, dtype=torch.float16, device='cuda')
+    v = torch.randn(B, HK, S, D, dtype=torch.float16, device='cuda')
+    kw = {} if HK == HQ else {'enable_gqa': True}
+    for _ in range(5):
+        F.scaled_dot_product_attention(q, k, v, **kw)
+    ts = []
+    for _ in range(20):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        F.scaled_dot_product_attention(q, k, v, **kw)
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000)
+    ts.sort()
+    med = ts[len(ts) // 2]
+    nbytes = 2 * B * HK * S * D * 2
+    res.append({'batch': B, 'q_heads': HQ, 'kv_heads': HK, 'head_dim': D, 'seq_len': S, 'sdpa_us': round(med, 2),
+                'tb_s': round(nbytes / med / 1e6, 3)})
+    print(f"sdpa fp16 B={B} HQ={HQ} HK={HK} D={D} S={S}: {med:.1f} us  {nbytes / med / 1e6:.2f} TB/s", flush=True)
+    del q, k, v
+json.dump({'torch': torch.__version__, 'device': torch.cuda.get_device_name(), 'backend_default': 'cuDNN (H200)',
+           'shapes': res}, open(out, 'w'), indent=1)
