@@ -96,12 +96,6 @@ int kivi_gpu_append_eligible(const kivi_cache *c, int bits, int bf) {
   const int R = f->residual;
   return c->ctx->on_gpu && !bf && (bits == 2 || bits == 4) && f->head_dim == QD && f->group == 32 && (R & (R - 1)) == 0;
 }
-/* the smallest b with 2^b >= x (x >= 1) */
-static int qa_log2up(int x) {
-  int b = 0;
-  while ((1 << b) < x) ++b;
-  return b;
-}
 
 /* Kernel 2a: the nkb blocks the append completes (descriptor dd of n sequences, device copy),
  * keys from src ([token][H][128] fp16 from each sequence's stage row); a non-finite key sets
@@ -113,7 +107,7 @@ int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int
   const int32_t *bt = c->bt;
   const uint16_t *kres = c->kres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int lr = qa_log2up(R), lg = lr - 5, hb = qa_log2up(H);
+  const int lr = kivi_log2up(R), lg = lr - 5, hb = kivi_log2up(H);
   const size_t sub = c->lay.sub_bytes, ksz_off = c->lay.ksz_off;
   const int64_t nw64 = nkb << (lg + hb); /* warps */
   if (nw64 <= 0) return 0;
@@ -134,7 +128,7 @@ int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, i
   const int32_t *bt = c->bt;
   const uint16_t *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int lr = qa_log2up(R), hb = qa_log2up(H);
+  const int lr = kivi_log2up(R), hb = kivi_log2up(H);
   const size_t sub = c->lay.sub_bytes, vcode_off = c->lay.vcode_off, vsz_off = c->lay.vsz_off;
   const int64_t nt64 = (nvq + QVT - 1) / QVT << (5 + hb); /* threads: tiles x 2^hb kv-heads x a warp */
   if (nt64 <= 0) return 0;

@@ -379,12 +379,18 @@ __attribute__((noinline)) static void fk_combine(size_t rh, int tid, int D, int 
 }
 #pragma omp end declare target
 
+/* What every GPU decode kernel of this file needs: a GPU context, KIVI_ATTENTION_FAST, R a power
+ * of two >= 32 (block and ring slots by masks and shifts), blocks of < 4 GiB (32-bit offsets). */
+static int gpu_kernel_geometry(const kivi_cache *c) {
+  const int R = c->cfg.residual;
+  return c->ctx->on_gpu && c->cfg.attention == KIVI_ATTENTION_FAST && R >= 32 && (R & (R - 1)) == 0 &&
+         c->lay.block_bytes <= UINT32_MAX;
+}
+
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   const kivi_cache_config *f = &c->cfg;
-  const int R = f->residual;
-  return c->ctx->on_gpu && f->attention == KIVI_ATTENTION_FAST && (f->k_bits == 2 || f->k_bits == 4) &&
-         f->v_bits == f->k_bits &&
-         f->head_dim == FD && f->group == 32 && R >= 32 && (R & (R - 1)) == 0 && c->lay.block_bytes <= UINT32_MAX;
+  return gpu_kernel_geometry(c) && (f->k_bits == 2 || f->k_bits == 4) && f->v_bits == f->k_bits && f->head_dim == FD &&
+         f->group == 32;
 }
 
 /* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
@@ -402,9 +408,7 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   const int32_t *bt = c->bt, *vexp = c->vexp;
   const uint16_t *kres = c->kres, *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, Rm = R - 1, fused = out != NULL, nsf = nf + fused;
-  int lr = 0;
-  while ((1 << lr) < R) ++lr;
+  const int gsz = HQ / H, Rm = R - 1, fused = out != NULL, nsf = nf + fused, lr = kivi_log2up(R);
   const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_fast_eligible */
   const size_t sub = c->lay.sub_bytes, ksz_off = c->lay.ksz_off, vcode_off = c->lay.vcode_off,
                vsz_off = c->lay.vsz_off;
@@ -426,9 +430,7 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
 
 int kivi_gpu_f16_eligible(const kivi_cache *c) {
   const kivi_cache_config *f = &c->cfg;
-  const int R = f->residual;
-  return c->ctx->on_gpu && f->attention == KIVI_ATTENTION_FAST && f->k_bits == 16 && f->v_bits == 16 &&
-         (f->head_dim == 128 || f->head_dim == 64) && R >= 32 && (R & (R - 1)) == 0 && c->lay.block_bytes <= UINT32_MAX;
+  return gpu_kernel_geometry(c) && f->k_bits == 16 && f->v_bits == 16 && (f->head_dim == 128 || f->head_dim == 64);
 }
 
 void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
@@ -438,9 +440,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int32_t *bt = c->bt;
   const uint16_t *kres = c->kres, *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, nqc = (gsz + KIVI_F16_NH - 1) / KIVI_F16_NH, Rm = R - 1;
-  int lr = 0;
-  while ((1 << lr) < R) ++lr;
+  const int gsz = HQ / H, nqc = (gsz + KIVI_F16_NH - 1) / KIVI_F16_NH, Rm = R - 1, lr = kivi_log2up(R);
   const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_f16_eligible */
   const size_t sub = c->lay.sub_bytes;
   const unsigned vcode_off = (unsigned)c->lay.vcode_off;

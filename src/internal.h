@@ -183,6 +183,12 @@ static inline void kivi_lane_deps(kivi_cache *c, int lane, char **a, char **b) {
 static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
   return c->bt_host + ((size_t)seq * c->cfg.n_layers + layer) * c->max_blocks;
 }
+/* The smallest b with 2^b >= x (x >= 1): log2 of the power-of-two R the GPU kernels require. */
+static inline int kivi_log2up(int x) {
+  int b = 0;
+  while ((1 << b) < x) ++b;
+  return b;
+}
 static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
   return c->len[(size_t)seq * c->cfg.n_layers + layer];
 }

@@ -378,7 +378,7 @@ static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len,
   }
   const double tol = kernel_tol(kernels, sharp);
   printf("%d rows, %d-bit, %s mode%s, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, b,
-         mode ? "fp32" : "fast", sharp ? ", sharp" : "", a.HQ, a.H, fast ? (kernels & KIVI_KERNEL_GPU_GQA ? "gpu-gqa" : "gpu-f16x2") : "portable",
+         mode ? "fp32" : "fast", sharp ? ", sharp" : "", a.HQ, a.H, kernel_name(kernels),
          worst, tol);
   ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
   for (int s = 0; s < nrows; ++s) { free(k[s]); free(v[s]); }
