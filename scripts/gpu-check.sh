@@ -17,13 +17,22 @@ if ! ldconfig -p | grep -q libsubunit.so.0 && [ ! -e "$b/.libs/libsubunit.so.0" 
 fi
 mkdir -p "$out" || exit 1
 export LD_LIBRARY_PATH=$PWD/$b/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# cuBLAS and the CUDA runtime of the device model (a build with cuBLAS links them): the CUDA
+# toolkit's when it is installed, else a Python installation's (PyTorch's nvidia wheels)
+if ! ldconfig -p | grep -q libcublas.so && [ ! -d /usr/local/cuda/lib64 ]; then
+  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    for l in $(find "$d/nvidia" \( -name 'libcublas.so.*' -o -name 'libcudart.so.*' \) 2>/dev/null); do
+      LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$l")
+    done
+  done
+fi
 export CK_FORK=no CK_DEFAULT_TIMEOUT=1200 KIVI_TEST_EXPECT_GPU=1 top_builddir=$b top_srcdir=. KIVI_HAVE_OFFLOAD=1
 echo "OMP_TARGET_OFFLOAD=${OMP_TARGET_OFFLOAD:-unset}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv,noheader
 pass=0; fail=0
 for t in examples/kivi_hello tests/test_version tests/test_context tests/test_half tests/test_layout \
          tests/test_cache tests/test_conformance tests/test_attention tests/test_checkpoint tests/test_threads tests/test_gguf \
-         tests/test_async tests/test_contract tests/test_layers.sh tests/test_multi_device.sh tests/test_model_run.sh \
+         tests/test_async tests/test_contract tests/test_model_dev tests/test_layers.sh tests/test_multi_device.sh tests/test_model_run.sh \
          tests/test_tools.sh tests/test_fortran.sh; do
   echo "=== $t"
   case $t in *.sh) cmd="sh $t" ;; *) cmd="$b/$t" ;; esac

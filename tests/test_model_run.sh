@@ -8,7 +8,8 @@
 #     fp16 (the issue's bound), kivi2 within PPL_KIVI2_REL (a sanity bound: 2 bits cost more),
 #     and fp16 with --rotate kv (Hadamard-rotated K, q and V, outputs rotated back: the same model
 #     in exact arithmetic) within PPL_ROTATE_REL;
-#  3. with NumPy available, scripts/check_model_ref.py: an independent float64 forward pass (and
+#  3. the model on the cache's device (--forward device) against the host model, on a 2-layer cut;
+#  4. with NumPy available, scripts/check_model_ref.py: an independent float64 forward pass (and
 #     the HF tokenizer when installed) against kivi-run.
 set -eu
 b=${top_builddir:-.}
@@ -54,6 +55,23 @@ awk -v f="$f" -v k4="$k4" -v k2="$k2" -v fr="$fr" -v t4="$PPL_KIVI4_REL" -v t2="
   if (!(r4 < t4 && r4 > -t4)) { print "FAIL: kivi4"; exit 1 }
   if (!(r2 < t2 && r2 > -t2)) { print "FAIL: kivi2"; exit 1 }
   if (!(rr < trot && rr > -trot)) { print "FAIL: --rotate kv changed the fp16 model"; exit 1 }
+}'
+
+# the model on the cache's device (model_dev.c: fp16 weights and activations, the products on the
+# tensor cores on a GPU; here, without one, the same code on host threads) against the host model
+# (fp32): perplexity of the first 64 tokens on the model cut to its first two layers (kivi_gguf_cut:
+# the device path on host threads is slow), within PPL_DEVICE_REL
+PPL_DEVICE_REL=0.001
+"$b/examples/llm/kivi_gguf_cut${EXEEXT:-}" "$model" "$tmp/cut2.gguf" --layers 2 >/dev/null
+for f in host device; do
+  "$run" ppl "$text" --model "$tmp/cut2.gguf" --kv kivi2 --ctx 64 --max-tokens 64 --forward $f --quiet \
+    --json "$tmp/ppl-fwd-$f.json"
+  grep -q "\"forward\": \"$f\"" "$tmp/ppl-fwd-$f.json" || { echo "FAIL: --forward $f did not run there"; exit 1; }
+done
+awk -v h="$(ppl fwd-host)" -v d="$(ppl fwd-device)" -v t="$PPL_DEVICE_REL" 'BEGIN {
+  r = (d - h) / h;
+  printf "ppl (2 layers, 64 tokens): model on the host %.4f, on the device %.4f (%+.2e, bound %.0e)\n", h, d, r, t;
+  if (!(r < t && r > -t)) { print "FAIL: the device model differs from the host model"; exit 1 }
 }'
 
 if python3 -c "import numpy" 2>/dev/null; then

@@ -10,7 +10,8 @@ version=$(sed -n 's/^#define KIVI_VERSION_STRING "\(.*\)"/\1/p' "$b/include/kivi
 bad=0
 n=0
 for p in tools/kivi-info tools/kivi-cubin-fix bench/kivi-bench examples/llm/kivi-run examples/kivi_layers \
-         examples/kivi_multi_device examples/llm/kivi_gguf_info examples/llm/kivi_gguf_cut examples/mpi/kivi_mpi_heads; do
+         examples/kivi_multi_device examples/llm/kivi_gguf_info examples/llm/kivi_gguf_cut examples/llm/kivi_throughput \
+         examples/mpi/kivi_mpi_heads; do
   exe=$b/$p$E
   [ -x "$exe" ] || { echo "($p not built here)"; continue; }
   name=$(basename "$p")
@@ -35,6 +36,19 @@ if [ -x "$b/bench/kivi-bench$E" ]; then
   lines=$(echo "$out" | awk '$1 == 1 && $2 == 6 && $3 == 200 && $NF + 0 < 2e-3' | wc -l)
   { [ $rc -eq 0 ] && [ "$lines" -eq 2 ]; } || { echo "FAIL: kivi-bench --kv-heads 2 --head-dim 64: exit $rc, $lines good lines"; echo "$out"; bad=1; }
   echo "kivi-bench: a GQA shape with head_dim 64, both widths within 2e-3 of the reference"
+fi
+# kivi_throughput on its tiny shape: every cache at batches 1 and 2, a JSON line per run with
+# tokens/s and the step's parts
+if [ -x "$b/examples/llm/kivi_throughput$E" ]; then
+  tj=$(mktemp)
+  "$b/examples/llm/kivi_throughput$E" --shape tiny --prompt 8 --gen 3 --batches 1,2 --json "$tj" >/dev/null 2>&1; rc=$?
+  runs=$(grep -c '"batch": [12], "tokens_per_s": [1-9]' "$tj")
+  { [ $rc -eq 0 ] && [ "$runs" -eq 8 ] && grep -q '"step_ms": {"matmul"' "$tj"; } ||
+    { echo "FAIL: kivi_throughput --shape tiny: exit $rc, $runs runs"; cat "$tj"; bad=1; }
+  if command -v python3 >/dev/null; then python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tj" ||
+    { echo "FAIL: kivi_throughput wrote invalid JSON"; bad=1; }; fi
+  rm -f "$tj"
+  echo "kivi_throughput: 4 caches x 2 batches of the tiny model, JSON complete"
 fi
 out=$("$b/tools/kivi-info$E" 2>&1); rc=$?
 echo "$out" | sed 's/^/  /'

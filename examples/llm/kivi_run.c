@@ -21,8 +21,11 @@
 
 #include "gguf.h"
 #include "model.h"
+#include "model_dev.h"
 #include "tokenizer.h"
 #include "../kivi_cli.h"
+
+enum { FWD_AUTO, FWD_HOST, FWD_DEVICE };
 
 typedef struct options {
   const char *cmd, *model, *json, *prompt, *prompt_file, *text_file, *kv, *lengths, *system;
@@ -31,6 +34,7 @@ typedef struct options {
   int max_tokens, ctx, trials;
   int score_half; /* ppl --score second-half: llama-perplexity's scoring */
   int edge_layers, edge_k_bits, edge_v_bits; /* per-layer widths */
+  int forward; /* FWD_*: where the model (not only the cache) runs */
   double temperature;
   unsigned long long seed;
 } options;
@@ -68,6 +72,10 @@ static const char usage_text[] =
         "  --chunk N          tokens per forward step for prompts and ppl (32; a divisor of R keeps\n"
         "                     the quantized cache exactly as token-by-token decoding would see it)\n"
         "  --device default|host|N   where the cache and attention run (default: the GPU if any)\n"
+        "  --forward auto|host|device   where the rest of the model runs: device = the cache's\n"
+        "                     device (on a GPU: fp16 weights, cuBLAS products, OpenMP target\n"
+        "                     regions), host = fp32 on host threads; auto (default) = device when\n"
+        "                     the cache is on a GPU and no --fake-quant, --rotate or --edge-layers\n"
         "  --json FILE        write the results as JSON\n"
         "  --quiet            no progress on stderr\n";
 
@@ -128,11 +136,16 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--edge-k-bits")) iv = &o->edge_k_bits;
     else if (!strcmp(a, "--edge-v-bits")) iv = &o->edge_v_bits;
     else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") || !strcmp(a, "--score") ||
-             !strcmp(a, "--rotate") ||
+             !strcmp(a, "--rotate") || !strcmp(a, "--forward") ||
              !strcmp(a, "--temperature") || !strcmp(a, "--seed")) {
       if (!val) goto missing;
       ++i;
-      if (!strcmp(a, "--rotate")) {
+      if (!strcmp(a, "--forward")) {
+        if (!strcmp(val, "auto")) o->forward = FWD_AUTO;
+        else if (!strcmp(val, "host")) o->forward = FWD_HOST;
+        else if (!strcmp(val, "device")) o->forward = FWD_DEVICE;
+        else goto bad;
+      } else if (!strcmp(a, "--rotate")) {
         if (strcmp(val, "v") && strcmp(val, "k") && strcmp(val, "kv")) goto bad;
         o->rotate = (strchr(val, 'v') ? LLM_ROTATE_V : 0) | (strchr(val, 'k') ? LLM_ROTATE_K : 0);
       } else if (!strcmp(a, "--score")) {
@@ -226,6 +239,9 @@ typedef struct runner {
   kivi_cache *cache, *edge;
   kivi_cache_config cfg;
   llm_session sess;
+  int on_dev;         /* the model runs through model_dev.c on the cache's device */
+  llm_dev_model dm;
+  llm_dev_batch db;
   char setting[96];
   int kbits, vbits; /* requested (fake-quant: simulated) */
   FILE *json;
@@ -334,11 +350,33 @@ static int runner_start(runner *r, int max_len) {
   r->sess.n_edge = r->o.edge_layers;
   kivi_context_info info;
   (void)kivi_context_get_info(r->ctx, &info);
-  if (!r->o.quiet)
+  const int simulated = r->o.fake || r->o.rotate || r->o.edge_layers > 0;
+  if (r->o.forward == FWD_DEVICE && simulated) {
+    fprintf(stderr, "kivi-run: --forward device runs the model as it is: no --fake-quant, --rotate or --edge-layers\n");
+    return -1;
+  }
+  r->on_dev = r->o.forward == FWD_DEVICE || (r->o.forward == FWD_AUTO && info.on_gpu && !simulated);
+  if (r->on_dev) {
+    char err[256];
+    if (llm_dev_model_from_host(&r->dm, m, info.device, err, sizeof err)) {
+      fprintf(stderr, "kivi-run: model on the device: %s\n", err);
+      return -1;
+    }
+    if (llm_dev_batch_init(&r->db, &r->dm, r->o.chunk, 1, r->o.chunk)) {
+      fprintf(stderr, "kivi-run: out of device memory for the activations\n");
+      return -1;
+    }
+  }
+  if (!r->o.quiet) {
     fprintf(stderr, "kivi-run: %s: %d layers, %d heads / %d kv-heads x %d, vocab %d; weights %.0f MB fp32; "
                     "cache %s on %s\n",
             path, m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->n_vocab, m->weight_bytes / 1e6, r->setting,
             info.on_gpu ? "the GPU" : "host threads");
+    if (r->on_dev)
+      fprintf(stderr, "kivi-run: the model on %s too: %.0f MB of fp16 weights, products by %s\n",
+              info.on_gpu ? "the GPU" : "host threads (device code)", r->dm.weight_bytes / 1e6,
+              llm_dev_matmul_name(&r->dm));
+  }
   if (r->o.json) {
     r->json = fopen(r->o.json, "w");
     if (!r->json) {
@@ -352,14 +390,18 @@ static int runner_start(runner *r, int max_len) {
     if (r->o.fake)
       fprintf(r->json, "  \"k_axis\": \"%s\", \"v_axis\": \"%s\",\n", r->o.k_per_token ? "token" : "channel",
               r->o.v_per_channel ? "channel" : "token");
-    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"library\": \"%s\",\n", r->o.chunk,
-            info.on_gpu ? "true" : "false", kivi_version_string());
+    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"forward\": \"%s\", \"library\": \"%s\",\n", r->o.chunk,
+            info.on_gpu ? "true" : "false", r->on_dev ? "device" : "host", kivi_version_string());
   }
   return 0;
 }
 
 static void runner_close(runner *r) {
   if (r->json) fclose(r->json);
+  if (r->on_dev) {
+    llm_dev_batch_free(&r->db);
+    llm_dev_model_free(&r->dm);
+  }
   llm_session_free(&r->sess);
   kivi_cache_destroy(r->cache);
   kivi_cache_destroy(r->edge);
@@ -369,11 +411,22 @@ static void runner_close(runner *r) {
   gguf_close(&r->file);
 }
 
+/* Runs n tokens of the sequence (n <= chunk) where the model lives; logits NULL, or of the last
+ * token ([n_vocab]), or with `all` of every token ([n][n_vocab]). */
+static kivi_status forward(runner *r, const int *ids, int n, float *logits, int all) {
+  if (!r->on_dev) return llm_forward(&r->sess, ids, n, logits, all);
+  if (n < 1 || n > r->o.chunk) return KIVI_ERR_ARG;
+  const int seq = r->sess.seq_id, pos = r->sess.pos;
+  const kivi_status st = llm_dev_forward(&r->db, r->cache, 1, &seq, &n, &pos, ids, logits, all && logits, NULL, NULL);
+  if (!st) r->sess.pos += n;
+  return st;
+}
+
 /* Runs a prompt in chunks; logits of the last token into `last`. */
 static kivi_status prefill(runner *r, const int *ids, int n, float *last) {
   for (int i = 0; i < n; i += r->o.chunk) {
     const int c = n - i < r->o.chunk ? n - i : r->o.chunk;
-    kivi_status st = llm_forward(&r->sess, ids + i, c, i + c == n ? last : NULL, 0);
+    kivi_status st = forward(r, ids + i, c, i + c == n ? last : NULL, 0);
     if (st) return st;
   }
   return KIVI_OK;
@@ -534,7 +587,7 @@ static int cmd_generate(options *o) {
       memcpy(text + tlen, piece, pl);
       tlen += pl;
     }
-    if (produced + 1 < max_new) st = llm_forward(&r.sess, &next, 1, logits, 0);
+    if (produced + 1 < max_new) st = forward(&r, &next, 1, logits, 0);
   }
   const double t2 = now_s();
   printf("\n");
@@ -596,7 +649,7 @@ static int cmd_ppl(options *o) {
     kivi_status st = llm_session_reset(&r.sess);
     for (int i = 0; !st && i < o->ctx; i += o->chunk) {
       const int c = o->ctx - i < o->chunk ? o->ctx - i : o->chunk;
-      if ((st = llm_forward(&r.sess, wid + i, c, logits, 1))) break;
+      if ((st = forward(&r, wid + i, c, logits, 1))) break;
       for (int t = 0; t < c && i + t + 1 < o->ctx; ++t) { /* predict token i+t+1 */
         if (i + t < p0) continue;
         const float *lg = logits + (size_t)t * V;
@@ -735,7 +788,7 @@ static int cmd_passkey(options *o) {
         char piece[64];
         const size_t pl = llm_token_bytes(r.tok, next, piece, sizeof piece);
         for (size_t j = 0; j < pl && al + 1 < sizeof ans; ++j) ans[al++] = piece[j] == '\n' ? ' ' : piece[j];
-        if (g + 1 < ANSWER_TOKENS) st = llm_forward(&r.sess, &next, 1, logits, 0);
+        if (g + 1 < ANSWER_TOKENS) st = forward(&r, &next, 1, logits, 0);
       }
       if (st) {
         fprintf(stderr, "kivi-run: %s\n", kivi_status_string(st));

@@ -1,0 +1,21 @@
+/* The CUDA side of the device model (model_dev.c): cuBLAS and the CUDA runtime, kept in a file
+ * of its own that is compiled for the host only (no OpenMP offload flags reach the CUDA headers).
+ * Built without cuBLAS (LLM_HAVE_CUBLAS undefined), every call reports "not available". */
+#ifndef KIVI_EXAMPLES_MODEL_BLAS_H
+#define KIVI_EXAMPLES_MODEL_BLAS_H
+
+#include <stddef.h>
+
+typedef struct llm_blas llm_blas;
+
+/* A cuBLAS handle on its own stream of CUDA device `device`; NULL when there is no cuBLAS in
+ * the build or the device refuses (then *why, if not NULL, says which). */
+llm_blas *llm_blas_create(int device, const char **why);
+void llm_blas_destroy(llm_blas *b);
+/* y[T][N] = x[T][K] w[N][K]^T (+ y when acc), x and w fp16, y fp32, fp32 sums on the tensor
+ * cores; waits for the product.  0, or -1 when cuBLAS or CUDA reports an error. */
+int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, int K, int N, int acc);
+/* Device memory in use (total - free) and the device's size; 0 and 0 where not known. */
+size_t llm_blas_memory(size_t *total);
+
+#endif

@@ -1,0 +1,454 @@
+/* The forward pass on the cache's device (model_dev.h).  Every region names its device and takes
+ * device pointers (is_device_ptr), so the same source runs on a GPU or, with the host as the
+ * device, on host threads. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_blas.h"
+#include "model_dev.h"
+
+typedef _Float16 f16;
+
+static void *dev_alloc(const llm_dev_model *dm, size_t bytes) { return omp_target_alloc(bytes ? bytes : 1, dm->device); }
+static void dev_free(const llm_dev_model *dm, void *p) {
+  if (p) omp_target_free(p, dm->device);
+}
+static int upload(const llm_dev_model *dm, void *dst, const void *src, size_t bytes) {
+  return omp_target_memcpy(dst, src, bytes, 0, 0, dm->device, omp_get_initial_device());
+}
+static int download(const llm_dev_model *dm, void *dst, const void *src, size_t bytes) {
+  return omp_target_memcpy(dst, src, bytes, 0, 0, omp_get_initial_device(), dm->device);
+}
+
+static int init_device(llm_dev_model *dm, int device) {
+  dm->device = device;
+  dm->on_gpu = device != omp_get_initial_device();
+  dm->blas = dm->on_gpu ? llm_blas_create(device, NULL) : NULL; /* NULL: the products as target loops */
+  dm->cublas = dm->blas != NULL;
+  return 0;
+}
+
+static size_t layer_halves(const llm_dev_shape *s) {
+  const size_t D = (size_t)s->dim, F = (size_t)s->ffn_dim, KV = (size_t)s->n_kv_heads * s->head_dim;
+  return (D + 2 * KV) * D + D * D + 2 * F * D + D * F;
+}
+
+static int alloc_weights(llm_dev_model *dm, int tied, char *err, size_t errlen) {
+  const llm_dev_shape *s = &dm->s;
+  const size_t D = (size_t)s->dim, F = (size_t)s->ffn_dim, KV = (size_t)s->n_kv_heads * s->head_dim,
+               V = (size_t)s->n_vocab;
+  dm->layers = calloc((size_t)s->n_layers, sizeof *dm->layers);
+  if (!dm->layers) goto nomem;
+  dm->weight_bytes = (V * D * (tied ? 1 : 2) + (size_t)s->n_layers * layer_halves(s)) * sizeof(f16) +
+                     ((size_t)s->n_layers * 2 + 1) * D * sizeof(float);
+  if (!(dm->tok_embd = dev_alloc(dm, V * D * sizeof(f16))) || !(dm->out_norm = dev_alloc(dm, D * sizeof(float))))
+    goto nomem;
+  dm->output = tied ? dm->tok_embd : dev_alloc(dm, V * D * sizeof(f16));
+  if (!dm->output) goto nomem;
+  for (int l = 0; l < s->n_layers; ++l) {
+    llm_dev_layer *L = &dm->layers[l];
+    if (!(L->attn_norm = dev_alloc(dm, D * sizeof(float))) || !(L->ffn_norm = dev_alloc(dm, D * sizeof(float))) ||
+        !(L->wqkv = dev_alloc(dm, (D + 2 * KV) * D * sizeof(f16))) || !(L->wo = dev_alloc(dm, D * D * sizeof(f16))) ||
+        !(L->wgu = dev_alloc(dm, 2 * F * D * sizeof(f16))) || !(L->wdown = dev_alloc(dm, D * F * sizeof(f16))))
+      goto nomem;
+  }
+  return 0;
+nomem:
+  snprintf(err, errlen, "out of device memory for %.2f GB of weights", (double)dm->weight_bytes / 1e9);
+  return -1;
+}
+
+static int check_shape(const llm_dev_shape *s, char *err, size_t errlen) {
+  if (s->n_layers < 1 || s->n_heads < 1 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads || s->head_dim < 2 ||
+      s->head_dim % 2 || s->dim != s->n_heads * s->head_dim || s->ffn_dim < 1 || s->n_vocab < 1 ||
+      !(s->rms_eps > 0) || !(s->rope_base > 0)) {
+    snprintf(err, errlen, "inconsistent model shape");
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- weights from a host model (fp32, any GGUF type) ------------------------------------ */
+static int put_f16(llm_dev_model *dm, f16 *dst, size_t at, const float *src, size_t n, f16 *tmp) {
+  for (size_t i = 0; i < n; ++i) tmp[i] = (f16)src[i];
+  return upload(dm, dst + at, tmp, n * sizeof(f16));
+}
+
+int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, char *err, size_t errlen) {
+  memset(dm, 0, sizeof *dm);
+  dm->s = (llm_dev_shape){m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->dim,
+                          m->ffn_dim, m->n_vocab, m->rope_base, m->rms_eps};
+  if (check_shape(&dm->s, err, errlen) || init_device(dm, device)) return -1;
+  const int tied = m->output == m->tok_embd;
+  if (alloc_weights(dm, tied, err, errlen)) {
+    llm_dev_model_free(dm);
+    return -1;
+  }
+  const size_t D = (size_t)m->dim, F = (size_t)m->ffn_dim, KV = (size_t)m->n_kv_heads * m->head_dim,
+               V = (size_t)m->n_vocab, big = V * D > F * D ? V * D : F * D;
+  f16 *tmp = malloc((big > D * D ? big : D * D) * sizeof(f16));
+  int bad = !tmp;
+  bad = bad || put_f16(dm, dm->tok_embd, 0, m->tok_embd, V * D, tmp);
+  bad = bad || (!tied && put_f16(dm, dm->output, 0, m->output, V * D, tmp));
+  bad = bad || upload(dm, dm->out_norm, m->out_norm, D * sizeof(float));
+  for (int l = 0; l < m->n_layers && !bad; ++l) {
+    const llm_layer *H = &m->layers[l];
+    const llm_dev_layer *L = &dm->layers[l];
+    bad = upload(dm, L->attn_norm, H->attn_norm, D * sizeof(float)) ||
+          upload(dm, L->ffn_norm, H->ffn_norm, D * sizeof(float)) || put_f16(dm, L->wqkv, 0, H->wq, D * D, tmp) ||
+          put_f16(dm, L->wqkv, D * D, H->wk, KV * D, tmp) || put_f16(dm, L->wqkv, (D + KV) * D, H->wv, KV * D, tmp) ||
+          put_f16(dm, L->wo, 0, H->wo, D * D, tmp) || put_f16(dm, L->wgu, 0, H->w_gate, F * D, tmp) ||
+          put_f16(dm, L->wgu, F * D, H->w_up, F * D, tmp) || put_f16(dm, L->wdown, 0, H->w_down, D * F, tmp);
+  }
+  free(tmp);
+  if (bad) {
+    snprintf(err, errlen, "cannot copy the weights to device %d", device);
+    llm_dev_model_free(dm);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- synthetic weights, made where they live -------------------------------------------- */
+#pragma omp declare target
+static inline float synth_uniform(uint64_t seed, uint64_t i) { /* [-1, 1): splitmix64 of (seed, i) */
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (float)(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+#pragma omp end declare target
+
+static void fill_f16(const llm_dev_model *dm, f16 *w, size_t n, uint64_t seed, float amp) {
+  const int dev = dm->device;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(w)
+  for (size_t i = 0; i < n; ++i) w[i] = (f16)(amp * synth_uniform(seed, i));
+}
+static void fill_ones(const llm_dev_model *dm, float *w, size_t n) {
+  const int dev = dm->device;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(w)
+  for (size_t i = 0; i < n; ++i) w[i] = 1.0f;
+}
+
+int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t seed, int device, char *err,
+                            size_t errlen) {
+  memset(dm, 0, sizeof *dm);
+  dm->s = *s;
+  if (check_shape(s, err, errlen) || init_device(dm, device)) return -1;
+  if (alloc_weights(dm, 0, err, errlen)) {
+    llm_dev_model_free(dm);
+    return -1;
+  }
+  const size_t D = (size_t)s->dim, F = (size_t)s->ffn_dim, KV = (size_t)s->n_kv_heads * s->head_dim,
+               V = (size_t)s->n_vocab;
+  /* amplitude sqrt(3 / fan-in): unit variance out of every product */
+  const float aD = sqrtf(3.0f / (float)D), aF = sqrtf(3.0f / (float)F);
+  fill_f16(dm, dm->tok_embd, V * D, seed ^ 1, 1.0f);
+  fill_f16(dm, dm->output, V * D, seed ^ 2, aD);
+  fill_ones(dm, dm->out_norm, D);
+  for (int l = 0; l < s->n_layers; ++l) {
+    const llm_dev_layer *L = &dm->layers[l];
+    const uint64_t ls = seed + 0x1000ull * (uint64_t)(l + 1);
+    fill_ones(dm, L->attn_norm, D);
+    fill_ones(dm, L->ffn_norm, D);
+    fill_f16(dm, L->wqkv, (D + 2 * KV) * D, ls + 1, aD);
+    fill_f16(dm, L->wo, D * D, ls + 2, aD);
+    fill_f16(dm, L->wgu, 2 * F * D, ls + 3, aD);
+    fill_f16(dm, L->wdown, D * F, ls + 4, aF);
+  }
+  return 0;
+}
+
+void llm_dev_model_free(llm_dev_model *dm) {
+  if (dm->layers)
+    for (int l = 0; l < dm->s.n_layers; ++l) {
+      llm_dev_layer *L = &dm->layers[l];
+      void *p[] = {L->attn_norm, L->ffn_norm, L->wqkv, L->wo, L->wgu, L->wdown};
+      for (int i = 0; i < 6; ++i) dev_free(dm, p[i]);
+    }
+  if (dm->output != dm->tok_embd) dev_free(dm, dm->output);
+  dev_free(dm, dm->tok_embd);
+  dev_free(dm, dm->out_norm);
+  free(dm->layers);
+  llm_blas_destroy(dm->blas);
+  memset(dm, 0, sizeof *dm);
+}
+
+size_t llm_dev_memory(const llm_dev_model *dm, size_t *total) {
+  if (!dm->on_gpu) {
+    if (total) *total = 0;
+    return 0;
+  }
+  return llm_blas_memory(total);
+}
+
+const char *llm_dev_matmul_name(const llm_dev_model *dm) {
+  return dm->cublas ? "cuBLAS" : dm->on_gpu ? "OpenMP target loop" : "host OpenMP loop";
+}
+
+/* ---- batch scratch ---------------------------------------------------------------------- */
+/* the scratch of a batch: element counts of the fp32, fp16 and int buffers, in struct order */
+static void batch_sizes(const llm_dev_model *m, int max_rows, int max_seqs, int logit_rows, size_t f32s[9], size_t f16s[3],
+                        size_t *ints) {
+  const size_t R = (size_t)max_rows, S = (size_t)max_seqs, LR = (size_t)(logit_rows > max_seqs ? logit_rows : max_seqs), D = (size_t)m->s.dim, F = (size_t)m->s.ffn_dim,
+               KV = (size_t)m->s.n_kv_heads * m->s.head_dim, V = (size_t)m->s.n_vocab;
+  const size_t a[9] = {R * D, R * (D + 2 * KV), R * D, R * KV, R * KV, R * D, R * 2 * F, LR * V, R * (size_t)m->s.head_dim};
+  const size_t b[3] = {R * D, R * D, R * F};
+  memcpy(f32s, a, sizeof a);
+  memcpy(f16s, b, sizeof b);
+  *ints = 2 * R + 2 * S;
+}
+
+size_t llm_dev_batch_bytes(const llm_dev_model *m, int max_rows, int max_seqs, int logit_rows) {
+  size_t f32s[9], f16s[3], ints, bytes = 0;
+  batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, f16s, &ints);
+  for (int i = 0; i < 9; ++i) bytes += f32s[i] * sizeof(float);
+  for (int i = 0; i < 3; ++i) bytes += f16s[i] * sizeof(f16);
+  return bytes + ints * sizeof(int);
+}
+
+int llm_dev_batch_init(llm_dev_batch *b, const llm_dev_model *m, int max_rows, int max_seqs, int logit_rows) {
+  memset(b, 0, sizeof *b);
+  if (max_rows < 1 || max_seqs < 1) return -1;
+  b->m = m;
+  b->max_rows = max_rows;
+  b->max_seqs = max_seqs;
+  b->logit_rows = logit_rows > max_seqs ? logit_rows : max_seqs;
+  size_t f32s[9], f16s[3], ints;
+  batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, f16s, &ints);
+  float **f32p[] = {&b->x, &b->qkv, &b->q, &b->k, &b->v, &b->att32, &b->gu, &b->logits, &b->rope};
+  f16 **f16p[] = {&b->xn, &b->att, &b->h};
+  int bad = 0;
+  for (int i = 0; i < 9; ++i) bad |= !(*f32p[i] = dev_alloc(m, f32s[i] * sizeof(float)));
+  for (int i = 0; i < 3; ++i) bad |= !(*f16p[i] = dev_alloc(m, f16s[i] * sizeof(f16)));
+  bad |= !(b->rows = dev_alloc(m, (ints - (size_t)max_seqs) * sizeof(int))) ||
+         !(b->best = dev_alloc(m, (size_t)max_seqs * sizeof(int)));
+  b->bytes = llm_dev_batch_bytes(m, max_rows, max_seqs, logit_rows);
+  if (bad) {
+    llm_dev_batch_free(b);
+    return -1;
+  }
+  return 0;
+}
+
+void llm_dev_batch_free(llm_dev_batch *b) {
+  if (!b->m) return;
+  void *p[] = {b->x, b->qkv, b->q, b->k, b->v, b->att32, b->gu, b->logits, b->rope, b->xn, b->att, b->h, b->rows, b->best};
+  for (size_t i = 0; i < sizeof p / sizeof *p; ++i) dev_free(b->m, p[i]);
+  memset(b, 0, sizeof *b);
+}
+
+/* ---- the kernels -------------------------------------------------------------------------- */
+/* y[T][N] = x[T][K] w[N][K]^T (+ y when acc): fp16 inputs, fp32 sums and output.  0 or -1. */
+static int matmul(const llm_dev_model *dm, float *y, const f16 *x, const f16 *w, int T, int K, int N, int acc) {
+  if (dm->blas) return llm_blas_gemm(dm->blas, y, x, w, T, K, N, acc);
+  const int dev = dm->device;
+#pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(y, x, w)
+  for (int t = 0; t < T; ++t)
+    for (int n = 0; n < N; ++n) {
+      const f16 *xr = x + (size_t)t * K, *wr = w + (size_t)n * K;
+      float s = 0.0f;
+      for (int k = 0; k < K; ++k) s += (float)xr[k] * (float)wr[k];
+      float *yp = y + (size_t)t * N + n;
+      *yp = acc ? *yp + s : s;
+    }
+  return 0;
+}
+
+/* xn[i] = fp16(x[row(i)] / rms * w) for rows i < T; row(i) = sel ? sel[i] : i. */
+static void rmsnorm(const llm_dev_model *dm, f16 *xn, const float *x, const float *w, const int *sel, int T) {
+  const int dev = dm->device, D = dm->s.dim;
+  const float eps = dm->s.rms_eps;
+#pragma omp target teams distribute device(dev) is_device_ptr(xn, x, w, sel)
+  for (int i = 0; i < T; ++i) {
+    const float *xr = x + (size_t)(sel ? sel[i] : i) * D;
+    float ss = 0.0f;
+#pragma omp parallel for reduction(+ : ss)
+    for (int c = 0; c < D; ++c) ss += xr[c] * xr[c];
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma omp parallel for
+    for (int c = 0; c < D; ++c) xn[(size_t)i * D + c] = (f16)(xr[c] * r * w[c]);
+  }
+}
+
+/* x[r] = embedding of rows[2r] */
+static void embed(const llm_dev_model *dm, float *x, const int *rows, int T) {
+  const int dev = dm->device, D = dm->s.dim;
+  const f16 *emb = dm->tok_embd;
+#pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(x, rows, emb)
+  for (int r = 0; r < T; ++r)
+    for (int c = 0; c < D; ++c) x[(size_t)r * D + c] = (float)emb[(size_t)rows[2 * r] * D + c];
+}
+
+/* rope[r][i] = cos, sin of the angle pos(r) * base^(-2i/hd), i < hd/2, in double like the host
+ * model; once per call, for every layer. */
+static void rope_table(const llm_dev_model *dm, float *rope, const int *rows, int T) {
+  const int dev = dm->device, hd = dm->s.head_dim;
+  const double base = dm->s.rope_base;
+#pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(rope, rows)
+  for (int r = 0; r < T; ++r)
+    for (int i = 0; i < hd / 2; ++i) {
+      const double ang = (double)rows[2 * r + 1] * pow(base, -2.0 * i / hd);
+      rope[(size_t)r * hd + 2 * i] = (float)cos(ang);
+      rope[(size_t)r * hd + 2 * i + 1] = (float)sin(ang);
+    }
+}
+
+/* qkv[T][D + 2 KV] -> q[T][D], k, v[T][KV]; q and k rotated by adjacent pairs (rope_table). */
+static void rope_split(const llm_dev_model *dm, const float *qkv, float *q, float *k, float *v, const float *rope,
+                       int T) {
+  const int dev = dm->device, D = dm->s.dim, hd = dm->s.head_dim, KV = dm->s.n_kv_heads * hd, W = D + 2 * KV;
+#pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(qkv, q, k, v, rope)
+  for (int r = 0; r < T; ++r)
+    for (int p = 0; p < W / 2; ++p) {
+      const int c = 2 * p;
+      const float a = qkv[(size_t)r * W + c], b = qkv[(size_t)r * W + c + 1];
+      if (c >= D + KV) {
+        v[(size_t)r * KV + c - D - KV] = a;
+        v[(size_t)r * KV + c - D - KV + 1] = b;
+        continue;
+      }
+      const float cs = rope[(size_t)r * hd + c % hd], sn = rope[(size_t)r * hd + c % hd + 1];
+      float *o = c < D ? q + (size_t)r * D + c : k + (size_t)r * KV + c - D;
+      o[0] = a * cs - b * sn;
+      o[1] = a * sn + b * cs;
+    }
+}
+
+static void silu_mul(const llm_dev_model *dm, f16 *h, const float *gu, int T) {
+  const int dev = dm->device, F = dm->s.ffn_dim;
+#pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(h, gu)
+  for (int r = 0; r < T; ++r)
+    for (int c = 0; c < F; ++c) {
+      const float g = gu[(size_t)r * 2 * F + c], u = gu[(size_t)r * 2 * F + F + c];
+      h[(size_t)r * F + c] = (f16)(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+static void to_f16(const llm_dev_model *dm, f16 *y, const float *x, size_t n) {
+  const int dev = dm->device;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(y, x)
+  for (size_t i = 0; i < n; ++i) y[i] = (f16)x[i];
+}
+
+/* best[i] = the first index of the largest of logits[i][0..V) */
+static void argmax(const llm_dev_model *dm, int *best, const float *logits, int n) {
+  const int dev = dm->device, V = dm->s.n_vocab;
+#pragma omp target teams distribute device(dev) is_device_ptr(best, logits)
+  for (int i = 0; i < n; ++i) {
+    const float *l = logits + (size_t)i * V;
+    float m = l[0];
+#pragma omp parallel for reduction(max : m)
+    for (int c = 0; c < V; ++c) m = l[c] > m ? l[c] : m;
+    int at = V;
+#pragma omp parallel for reduction(min : at)
+    for (int c = 0; c < V; ++c)
+      if (l[c] == m && c < at) at = c;
+    best[i] = at;
+  }
+}
+
+/* ---- the forward pass ----------------------------------------------------------------------- */
+#define TIMED(slot, call)                                                                          \
+  do {                                                                                             \
+    const double t0_ = omp_get_wtime();                                                            \
+    call;                                                                                          \
+    tm.slot += omp_get_wtime() - t0_;                                                              \
+  } while (0)
+#define TRY(status_expr)                                                                           \
+  do {                                                                                             \
+    if ((st = (status_expr)) != KIVI_OK) goto done;                                                \
+  } while (0)
+
+kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, const int *seq_ids,
+                            const int *n_new, const int *start_pos, const int *tokens, float *logits, int all_logits,
+                            int *best, llm_dev_times *times) {
+  if (!b || !b->m || !cache || n_seqs < 1 || n_seqs > b->max_seqs || !seq_ids || !n_new || !start_pos || !tokens)
+    return KIVI_ERR_ARG;
+  const llm_dev_model *dm = b->m;
+  const llm_dev_shape *s = &dm->s;
+  int T = 0, decode = 1;
+  for (int i = 0; i < n_seqs; ++i) {
+    if (n_new[i] < 1 || start_pos[i] < 0 || n_new[i] > b->max_rows - T) return KIVI_ERR_ARG;
+    T += n_new[i];
+    decode &= n_new[i] == 1;
+  }
+  if (all_logits && (logits == NULL || best != NULL || T > b->logit_rows)) return KIVI_ERR_ARG;
+  int *rows = malloc((2 * (size_t)T + (size_t)n_seqs) * sizeof *rows);
+  if (!rows) return KIVI_ERR_NOMEM;
+  for (int i = 0, r = 0; i < n_seqs; ++i)
+    for (int j = 0; j < n_new[i]; ++j, ++r) {
+      if (tokens[r] < 0 || tokens[r] >= s->n_vocab) {
+        free(rows);
+        return KIVI_ERR_ARG;
+      }
+      rows[2 * r] = tokens[r];
+      rows[2 * r + 1] = start_pos[i] + j;
+      if (j == n_new[i] - 1) rows[2 * T + i] = r; /* each sequence's last row */
+    }
+  llm_dev_times tm = {0};
+  kivi_status st = KIVI_OK;
+  const int D = s->dim, F = s->ffn_dim, KV = s->n_kv_heads * s->head_dim, H = s->n_heads;
+  const float scale = 1.0f / sqrtf((float)s->head_dim);
+  int rc = 0;
+  TIMED(other, rc = upload(dm, b->rows, rows, (2 * (size_t)T + (size_t)n_seqs) * sizeof *rows));
+  if (rc) TRY(KIVI_ERR_DEVICE);
+  TIMED(other, embed(dm, b->x, b->rows, T); rope_table(dm, b->rope, b->rows, T));
+  for (int l = 0; l < s->n_layers; ++l) {
+    const llm_dev_layer *L = &dm->layers[l];
+    TIMED(other, rmsnorm(dm, b->xn, b->x, L->attn_norm, NULL, T));
+    TIMED(matmul, rc = matmul(dm, b->qkv, b->xn, L->wqkv, T, D, D + 2 * KV, 0));
+    if (rc) TRY(KIVI_ERR_DEVICE);
+    TIMED(other, rope_split(dm, b->qkv, b->q, b->k, b->v, b->rope, T));
+    if (decode) {
+      TIMED(append, st = kivi_cache_append(cache, l, n_seqs, seq_ids, n_new, b->k, b->v, KIVI_F32, KIVI_MEM_DEVICE));
+      TRY(st);
+      TIMED(attention, st = kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale, b->att, KIVI_F16,
+                                                  KIVI_MEM_DEVICE));
+      TRY(st);
+    } else {
+      TIMED(attention, st = kivi_attention_extend(cache, l, n_seqs, seq_ids, n_new, H, b->q, b->k, b->v, scale,
+                                                  b->att32, NULL, KIVI_MEM_DEVICE));
+      TRY(st);
+      TIMED(append, st = kivi_cache_append(cache, l, n_seqs, seq_ids, n_new, b->k, b->v, KIVI_F32, KIVI_MEM_DEVICE));
+      TRY(st);
+      TIMED(other, to_f16(dm, b->att, b->att32, (size_t)T * D));
+    }
+    TIMED(matmul, rc = matmul(dm, b->x, b->att, L->wo, T, D, D, 1));
+    if (rc) TRY(KIVI_ERR_DEVICE);
+    TIMED(other, rmsnorm(dm, b->xn, b->x, L->ffn_norm, NULL, T));
+    TIMED(matmul, rc = matmul(dm, b->gu, b->xn, L->wgu, T, D, 2 * F, 0));
+    if (rc) TRY(KIVI_ERR_DEVICE);
+    TIMED(other, silu_mul(dm, b->h, b->gu, T));
+    TIMED(matmul, rc = matmul(dm, b->x, b->h, L->wdown, T, F, D, 1));
+    if (rc) TRY(KIVI_ERR_DEVICE);
+  }
+  if (logits || best) {
+    const int nl = all_logits ? T : n_seqs; /* logit rows: every token, or each sequence's last */
+    TIMED(other, rmsnorm(dm, b->xn, b->x, dm->out_norm, all_logits ? NULL : b->rows + 2 * T, nl));
+    TIMED(matmul, rc = matmul(dm, b->logits, b->xn, dm->output, nl, D, s->n_vocab, 0));
+    if (rc) TRY(KIVI_ERR_DEVICE);
+    if (best) {
+      TIMED(other, argmax(dm, b->best, b->logits, n_seqs);
+            rc = download(dm, best, b->best, (size_t)n_seqs * sizeof *best));
+      if (rc) TRY(KIVI_ERR_DEVICE);
+    }
+    if (logits) {
+      TIMED(other, rc = download(dm, logits, b->logits, (size_t)nl * s->n_vocab * sizeof *logits));
+      if (rc) TRY(KIVI_ERR_DEVICE);
+    }
+  }
+done:
+  free(rows);
+  if (times) {
+    times->matmul += tm.matmul;
+    times->attention += tm.attention;
+    times->append += tm.append;
+    times->other += tm.other;
+  }
+  return st;
+}
