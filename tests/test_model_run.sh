@@ -8,8 +8,9 @@
 #     fp16 (the issue's bound), kivi2 within PPL_KIVI2_REL (a sanity bound: 2 bits cost more),
 #     and fp16 with --rotate kv (Hadamard-rotated K, q and V, outputs rotated back: the same model
 #     in exact arithmetic) within PPL_ROTATE_REL;
-#  3. the model on the cache's device (--forward device) against the host model, on a 2-layer cut;
-#  4. with NumPy available, scripts/check_model_ref.py: an independent float64 forward pass (and
+#  3. batches: generate --prompts against each prompt alone, ppl --batch against one window at a time;
+#  4. the model on the cache's device (--forward device) against the host model, on a 2-layer cut;
+#  5. with NumPy available, scripts/check_model_ref.py: an independent float64 forward pass (and
 #     the HF tokenizer when installed) against kivi-run.
 set -eu
 b=${top_builddir:-.}
@@ -56,6 +57,31 @@ awk -v f="$f" -v k4="$k4" -v k2="$k2" -v fr="$fr" -v t4="$PPL_KIVI4_REL" -v t2="
   if (!(r2 < t2 && r2 > -t2)) { print "FAIL: kivi2"; exit 1 }
   if (!(rr < trot && rr > -trot)) { print "FAIL: --rotate kv changed the fp16 model"; exit 1 }
 }'
+
+# batches: three prompts generated together give each the reply it gets alone (greedy, kivi2,
+# 24 tokens; prompts of different lengths), and ppl over 3 windows of 128 tokens (past the fp16
+# window: quantized) run 3 at a time gives the perplexity of one at a time, to the last digit
+printf 'What is the capital of France?\nName three colors.\n\nWhat is 2+2? Explain.\n' >"$tmp/prompts.txt"
+"$run" generate --model "$model" --kv kivi2 --max-tokens 24 --temperature 0 --prompts "$tmp/prompts.txt" \
+  --json "$tmp/gen-batch.json" --quiet >/dev/null
+expect="  \"texts\": ["; i=0
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  "$run" generate --model "$model" --kv kivi2 --max-tokens 24 --temperature 0 --prompt "$line" \
+    --json "$tmp/gen-one-$i.json" --quiet >/dev/null
+  [ $i -eq 0 ] || expect="$expect, "
+  expect="$expect$(sed -n 's/^  "text": //p' "$tmp/gen-one-$i.json")"; i=$((i + 1))
+done <"$tmp/prompts.txt"
+expect="$expect]"
+got=$(grep '^  "texts": ' "$tmp/gen-batch.json")
+[ "$got" = "$expect" ] || { echo "FAIL: a batch of $i prompts differs from each alone"; echo "batch: $got"; echo "alone: $expect"; exit 1; }
+echo "generate --prompts: $i sequences together give each the reply it gets alone"
+for bt in 1 3; do
+  "$run" ppl "$text" --model "$model" --kv kivi2 --ctx 128 --max-tokens 384 --batch $bt --quiet \
+    --json "$tmp/ppl-batch$bt.json" >/dev/null
+done
+[ "$(ppl batch1)" = "$(ppl batch3)" ] || { echo "FAIL: ppl --batch 3 $(ppl batch3) != --batch 1 $(ppl batch1)"; exit 1; }
+echo "ppl --batch 3: $(ppl batch3), as one window at a time"
 
 # the model on the cache's device (model_dev.c: fp16 weights and activations, the products on the
 # tensor cores on a GPU; here, without one, the same code on host threads) against the host model

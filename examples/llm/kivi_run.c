@@ -1,14 +1,15 @@
 /* kivi-run: a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default) running on a
  * libkivi-omp KV cache, in C.
  *
- *   kivi-run generate [--prompt TEXT | --prompt-file F] [--max-tokens N] [--temperature T] ...
- *   kivi-run ppl FILE [--ctx N] [--max-tokens N] ...
+ *   kivi-run generate [--prompt TEXT | --prompt-file F | --prompts F] [--max-tokens N] [--temperature T] ...
+ *   kivi-run ppl FILE [--ctx N] [--max-tokens N] [--batch N] ...
  *   kivi-run passkey [--lengths 512,1024,...] [--trials N] ...
  *   kivi-run tokenize [--prompt TEXT | --prompt-file F]     (token ids, no template)
  *
  * Common options: --model PATH, --kv fp16|kivi2|kivi4, --k-bits/--v-bits/--group/--residual,
  * --fake-quant [--k-axis channel|token] [--v-axis token|channel], --chunk N, --device
- * default|host|N, --json FILE, --quiet.  `kivi-run --help` lists them all. */
+ * default|host|N, --forward auto|host|device, --json FILE, --quiet.  `kivi-run --help` lists
+ * them all. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -28,10 +29,11 @@
 enum { FWD_AUTO, FWD_HOST, FWD_DEVICE };
 
 typedef struct options {
-  const char *cmd, *model, *json, *prompt, *prompt_file, *text_file, *kv, *lengths, *system;
+  const char *cmd, *model, *json, *prompt, *prompt_file, *prompts, *text_file, *kv, *lengths, *system;
   int k_bits, v_bits, group, residual, chunk, device, quiet, raw;
   int fake, k_per_token, v_per_channel, sink, pre_rope, rotate;
   int max_tokens, ctx, trials;
+  int batch; /* ppl: windows run together */
   int score_half; /* ppl --score second-half: llama-perplexity's scoring */
   int edge_layers, edge_k_bits, edge_v_bits; /* per-layer widths */
   int forward; /* FWD_*: where the model (not only the cache) runs */
@@ -49,11 +51,14 @@ static const char usage_text[] =
        "usage: kivi-run generate|ppl|passkey [options]\n"
         "  generate   stream a reply to --prompt TEXT or --prompt-file F (chat template; --raw: none)\n"
         "             --max-tokens N (128) --temperature T (0 = greedy) --seed S --system TEXT\n"
+        "             --prompts F: one prompt per line, all generated together (a batch; sequence i\n"
+        "             samples with seed S + i), each reply printed when all are done\n"
         "  ppl FILE   perplexity of a text file: non-overlapping windows of --ctx N tokens (1024)\n"
         "             over its first --max-tokens N tokens (all); --chunk tokens per forward step;\n"
         "             --score all (every prediction of a window, default) or second-half (only the\n"
         "             predictions of tokens ctx/2+1 .. ctx-1 of each window, the first half being\n"
-        "             context, as llama.cpp's llama-perplexity scores)\n"
+        "             context, as llama.cpp's llama-perplexity scores); --batch N windows at a time\n"
+        "             (the same perplexity as one at a time)\n"
         "  passkey    find a 5-digit key hidden in filler text of --lengths 512,1024,2048,4096\n"
         "             tokens, --trials N key positions per length (5)\n"
         "  tokenize   print the token ids of --prompt TEXT or --prompt-file F (no template)\n"
@@ -99,6 +104,7 @@ static int parse_args(int argc, char **argv, options *o) {
   o->max_tokens = -1;
   o->ctx = 1024;
   o->trials = 5;
+  o->batch = 1;
   o->lengths = "512,1024,2048,4096";
   o->seed = 1234;
   if (argc < 2) return -1;
@@ -120,6 +126,8 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--json")) sv = &o->json;
     else if (!strcmp(a, "--prompt")) sv = &o->prompt;
     else if (!strcmp(a, "--prompt-file")) sv = &o->prompt_file;
+    else if (!strcmp(a, "--prompts")) sv = &o->prompts;
+    else if (!strcmp(a, "--batch")) iv = &o->batch;
     else if (!strcmp(a, "--system")) sv = &o->system;
     else if (!strcmp(a, "--kv")) sv = &o->kv;
     else if (!strcmp(a, "--lengths")) sv = &o->lengths;
@@ -239,6 +247,7 @@ typedef struct runner {
   kivi_cache *cache, *edge;
   kivi_cache_config cfg;
   llm_session sess;
+  int n_seqs;         /* sequence slots of the cache (a batch); 0 means 1 */
   int on_dev;         /* the model runs through model_dev.c on the cache's device */
   llm_dev_model dm;
   llm_dev_batch db;
@@ -305,7 +314,8 @@ static int runner_start(runner *r, int max_len) {
     fprintf(stderr, "kivi-run: device: %s\n", kivi_status_string(st));
     return -1;
   }
-  kivi_cache_config_init(&r->cfg, m->n_layers, m->n_kv_heads, m->head_dim, 1, max_len);
+  if (r->n_seqs < 1) r->n_seqs = 1;
+  kivi_cache_config_init(&r->cfg, m->n_layers, m->n_kv_heads, m->head_dim, r->n_seqs, max_len);
   if (cache_setting(&r->o, &r->cfg, r->setting, sizeof r->setting, &r->kbits, &r->vbits)) return -1;
   if (create_cache(r->ctx, &r->cfg, &r->cache, r->setting)) return -1;
   if (r->o.edge_layers > 0) { /* the first and last layers in a cache of their own widths */
@@ -362,7 +372,8 @@ static int runner_start(runner *r, int max_len) {
       fprintf(stderr, "kivi-run: model on the device: %s\n", err);
       return -1;
     }
-    if (llm_dev_batch_init(&r->db, &r->dm, r->o.chunk, 1, r->o.chunk)) {
+    const int rows = r->o.chunk * r->n_seqs;
+    if (llm_dev_batch_init(&r->db, &r->dm, rows, r->n_seqs, rows)) {
       fprintf(stderr, "kivi-run: out of device memory for the activations\n");
       return -1;
     }
@@ -419,6 +430,32 @@ static kivi_status forward(runner *r, const int *ids, int n, float *logits, int 
   const int seq = r->sess.seq_id, pos = r->sess.pos;
   const kivi_status st = llm_dev_forward(&r->db, r->cache, 1, &seq, &n, &pos, ids, logits, all && logits, NULL, NULL);
   if (!st) r->sess.pos += n;
+  return st;
+}
+
+/* Runs n tokens of each of the sequences seq_ids[0..ns) (toks: [ns][n], at positions pos[i]..),
+ * one call on the device or one sequence after another on the host; logits NULL, or [ns][n_vocab]
+ * of each sequence's last token, or with `all` [ns][n][n_vocab]. */
+static kivi_status forward_seqs(runner *r, int ns, const int *seq_ids, const int *toks, int n, const int *pos,
+                                float *logits, int all) {
+  const size_t V = (size_t)r->model.n_vocab;
+  if (r->on_dev) {
+    int *nn = malloc((size_t)ns * sizeof *nn);
+    if (!nn) return KIVI_ERR_NOMEM;
+    for (int i = 0; i < ns; ++i) nn[i] = n;
+    const kivi_status st = llm_dev_forward(&r->db, r->cache, ns, seq_ids, nn, pos, toks, logits, all && logits, NULL, NULL);
+    free(nn);
+    return st;
+  }
+  const int seq0 = r->sess.seq_id, pos0 = r->sess.pos; /* the session's scratch serves each in turn */
+  kivi_status st = KIVI_OK;
+  for (int i = 0; i < ns && !st; ++i) {
+    r->sess.seq_id = seq_ids[i];
+    r->sess.pos = pos[i];
+    st = llm_forward(&r->sess, toks + (size_t)i * n, n, logits ? logits + (size_t)i * (all ? n : 1) * V : NULL, all);
+  }
+  r->sess.seq_id = seq0;
+  r->sess.pos = pos0;
   return st;
 }
 
@@ -548,7 +585,10 @@ static int cmd_tokenize(options *o) {
 }
 
 /* ---- generate --------------------------------------------------------------------------- */
+static int cmd_generate_batch(options *o);
+
 static int cmd_generate(options *o) {
+  if (o->prompts) return cmd_generate_batch(o);
   size_t plen = 0;
   char *ptext = prompt_text(o, &plen);
   if (!ptext) return 1;
@@ -617,6 +657,153 @@ out:
   return rc;
 }
 
+/* generate --prompts FILE: every line a prompt, all generated together.  Each prompt runs alone
+ * through its chunks (its own length), then every unfinished sequence takes one decode step per
+ * forward call. */
+static int cmd_generate_batch(options *o) {
+  size_t flen = 0;
+  char *file = read_file(o->prompts, &flen);
+  if (!file) {
+    fprintf(stderr, "kivi-run: cannot read %s\n", o->prompts);
+    return 1;
+  }
+  const int max_new = o->max_tokens < 0 ? 128 : o->max_tokens;
+  runner r = {.o = *o};
+  int rc = 1, ns = 0, maxlen = 0;
+  enum { MAX_PROMPTS = 1024 };
+  int *ids[MAX_PROMPTS] = {0};
+  size_t nids[MAX_PROMPTS] = {0}, cap = 0;
+  char *texts[MAX_PROMPTS] = {0};
+  size_t tlens[MAX_PROMPTS] = {0};
+  int *seqs = NULL, *pos = NULL, *toks = NULL, *done = NULL, *count = NULL, *act = NULL;
+  uint64_t *rng = NULL;
+  float *logits = NULL;
+  if (runner_open(&r)) goto out;
+  for (char *line = file, *end; line < file + flen; line = end + 1) {
+    end = memchr(line, '\n', (size_t)(file + flen - line));
+    if (!end) end = file + flen;
+    if (end == line) continue;
+    if (ns == MAX_PROMPTS) {
+      fprintf(stderr, "kivi-run: more than %d prompts in %s\n", MAX_PROMPTS, o->prompts);
+      goto out;
+    }
+    cap = 0;
+    char *user = strndup(line, (size_t)(end - line));
+    const int bad = !user || (o->raw ? llm_tokenize(r.tok, user, strlen(user), 0, &ids[ns], &nids[ns], &cap)
+                                     : llm_chat_prompt(r.tok, o->system, user, &ids[ns], &nids[ns], &cap));
+    free(user);
+    if (bad) goto out;
+    if (nids[ns] == 0) continue;
+    maxlen = (int)nids[ns] > maxlen ? (int)nids[ns] : maxlen;
+    ++ns;
+  }
+  if (ns == 0) {
+    fprintf(stderr, "kivi-run: no prompt in %s\n", o->prompts);
+    goto out;
+  }
+  r.n_seqs = ns;
+  if (runner_start(&r, maxlen + max_new)) goto out;
+  const int V = r.model.n_vocab, eos = llm_tokenizer_eos(r.tok);
+  logits = malloc((size_t)ns * V * sizeof *logits);
+  seqs = malloc((size_t)ns * sizeof *seqs), pos = malloc((size_t)ns * sizeof *pos);
+  toks = malloc((size_t)ns * sizeof *toks), done = calloc((size_t)ns, sizeof *done);
+  count = calloc((size_t)ns, sizeof *count), act = malloc((size_t)ns * sizeof *act);
+  rng = malloc((size_t)ns * sizeof *rng);
+  for (int i = 0; i < ns; ++i) texts[i] = malloc(64 * (size_t)max_new + 64);
+  if (!logits || !seqs || !pos || !toks || !done || !count || !act || !rng) goto out;
+  for (int i = 0; i < ns; ++i)
+    if (!texts[i]) goto out;
+  kivi_status st = KIVI_OK;
+  long long prompt_tokens = 0, generated = 0;
+  const double t0 = now_s();
+  for (int i = 0; i < ns && !st; ++i) { /* each prompt alone, in chunks: its logits into row i */
+    rng[i] = o->seed + (uint64_t)i;
+    for (int p = 0; p < (int)nids[i] && !st; p += o->chunk) {
+      const int c = (int)nids[i] - p < o->chunk ? (int)nids[i] - p : o->chunk;
+      st = forward_seqs(&r, 1, &i, ids[i] + p, c, &p, logits + (size_t)i * V, 0);
+    }
+    pos[i] = (int)nids[i];
+    prompt_tokens += (long long)nids[i];
+  }
+  const double t1 = now_s();
+  while (!st) {
+    int na = 0;
+    for (int i = 0; i < ns; ++i) { /* row i of logits is sequence i's */
+      if (done[i]) continue;
+      const int next = pick_token(logits + (size_t)i * V, V, o->temperature, &rng[i]);
+      if (next == eos) {
+        done[i] = 1;
+        continue;
+      }
+      char piece[256];
+      const size_t pl = llm_token_bytes(r.tok, next, piece, sizeof piece);
+      if (tlens[i] + pl < 64 * (size_t)max_new + 64) {
+        memcpy(texts[i] + tlens[i], piece, pl);
+        tlens[i] += pl;
+      }
+      ++generated;
+      if (++count[i] == max_new) {
+        done[i] = 1;
+        continue;
+      }
+      act[na] = i;
+      seqs[na] = i;
+      toks[na] = next;
+      ++na;
+    }
+    if (!na) break;
+    int *apos = malloc((size_t)na * sizeof *apos);
+    float *al = malloc((size_t)na * V * sizeof *al);
+    if (!apos || !al) {
+      free(apos), free(al);
+      st = KIVI_ERR_NOMEM;
+      break;
+    }
+    for (int a = 0; a < na; ++a) apos[a] = pos[act[a]];
+    st = forward_seqs(&r, na, seqs, toks, 1, apos, al, 0);
+    for (int a = 0; a < na && !st; ++a) {
+      memcpy(logits + (size_t)act[a] * V, al + (size_t)a * V, (size_t)V * sizeof *al);
+      ++pos[act[a]];
+    }
+    free(apos), free(al);
+  }
+  const double t2 = now_s();
+  if (st) {
+    fprintf(stderr, "kivi-run: %s\n", kivi_status_string(st));
+    goto out;
+  }
+  for (int i = 0; i < ns; ++i) {
+    printf("[%d] ", i);
+    fwrite(texts[i], 1, tlens[i], stdout);
+    printf("\n");
+  }
+  fflush(stdout);
+  const double pre_tps = (double)prompt_tokens / (t1 - t0), gen_tps = (double)generated / (t2 - t1);
+  fprintf(stderr, "%d sequences: prompts %lld tokens at %.1f tokens/s; generated %lld tokens at %.1f tokens/s\n", ns,
+          prompt_tokens, pre_tps, generated, gen_tps);
+  print_memory(&r, stderr);
+  if (r.json) {
+    fprintf(r.json, "  \"sequences\": %d, \"prompt_tokens\": %lld, \"generated_tokens\": %lld,\n", ns, prompt_tokens,
+            generated);
+    fprintf(r.json, "  \"prompt_tokens_per_s\": %.3f, \"generate_tokens_per_s\": %.3f,\n  \"texts\": [", pre_tps, gen_tps);
+    for (int i = 0; i < ns; ++i) {
+      if (i) fprintf(r.json, ", ");
+      json_string(r.json, texts[i], tlens[i]);
+    }
+    fprintf(r.json, "]\n}\n");
+  }
+  rc = 0;
+out:
+  runner_close(&r);
+  for (int i = 0; i < MAX_PROMPTS; ++i) {
+    free(ids[i]);
+    free(texts[i]);
+  }
+  free(logits), free(seqs), free(pos), free(toks), free(done), free(count), free(act), free(rng);
+  free(file);
+  return rc;
+}
+
 /* ---- ppl -------------------------------------------------------------------------------- */
 static int cmd_ppl(options *o) {
   runner r = {.o = *o};
@@ -628,6 +815,11 @@ static int cmd_ppl(options *o) {
     fprintf(stderr, "kivi-run: cannot read %s\n", o->text_file);
     return 1;
   }
+  if (o->batch < 1 || o->batch > 4096) {
+    fprintf(stderr, "kivi-run: --batch must be 1 .. 4096\n");
+    goto out;
+  }
+  r.n_seqs = o->batch;
   if (runner_open(&r) || runner_start(&r, o->ctx)) goto out;
   if (llm_tokenize(r.tok, text, tlen, 0, &ids, &n, &cap)) goto out;
   const size_t total = o->max_tokens > 0 && (size_t)o->max_tokens < n ? (size_t)o->max_tokens : n;
@@ -636,38 +828,58 @@ static int cmd_ppl(options *o) {
     fprintf(stderr, "kivi-run: %s has %zu tokens, fewer than one window of %d\n", o->text_file, n, o->ctx);
     goto out;
   }
-  const int V = r.model.n_vocab;
-  logits = malloc((size_t)o->chunk * V * sizeof *logits);
-  if (!logits) goto out;
+  const int V = r.model.n_vocab, B = o->batch, C = o->chunk;
+  logits = malloc((size_t)C * B * V * sizeof *logits);
+  int *seqs = malloc((size_t)B * sizeof *seqs), *pos = malloc((size_t)B * sizeof *pos),
+      *toks = malloc((size_t)B * C * sizeof *toks);
+  double *nll_w = calloc((size_t)windows, sizeof *nll_w); /* summed in window order: any --batch, the same sum */
+  if (!logits || !seqs || !pos || !toks || !nll_w) {
+    free(seqs), free(pos), free(toks), free(nll_w);
+    goto out;
+  }
   double nll = 0;
   long long scored = 0;
   const double t0 = now_s();
   /* the logits of position p predict token p+1; second-half scoring starts at p = ctx/2 */
   const int p0 = o->score_half ? o->ctx / 2 : 0;
-  for (int w = 0; w < windows; ++w) {
-    const int *wid = ids + (size_t)w * o->ctx;
-    kivi_status st = llm_session_reset(&r.sess);
-    for (int i = 0; !st && i < o->ctx; i += o->chunk) {
-      const int c = o->ctx - i < o->chunk ? o->ctx - i : o->chunk;
-      if ((st = forward(&r, wid + i, c, logits, 1))) break;
-      for (int t = 0; t < c && i + t + 1 < o->ctx; ++t) { /* predict token i+t+1 */
-        if (i + t < p0) continue;
-        const float *lg = logits + (size_t)t * V;
-        float mx = lg[0];
-        for (int j = 1; j < V; ++j) mx = lg[j] > mx ? lg[j] : mx;
-        double se = 0;
-        for (int j = 0; j < V; ++j) se += exp((double)lg[j] - mx);
-        nll += log(se) + mx - lg[wid[i + t + 1]];
-        ++scored;
+  kivi_status st = KIVI_OK;
+  for (int w0 = 0; w0 < windows && !st; w0 += B) {
+    const int nb = windows - w0 < B ? windows - w0 : B; /* windows w0 .. w0+nb-1 in slots 0 .. nb-1 */
+    for (int b = 0; b < nb && !st; ++b) {
+      seqs[b] = b;
+      st = kivi_cache_reset_seq(r.cache, b);
+      if (!st && r.edge) st = kivi_cache_reset_seq(r.edge, b);
+    }
+    for (int i = 0; !st && i < o->ctx; i += C) {
+      const int c = o->ctx - i < C ? o->ctx - i : C;
+      for (int b = 0; b < nb; ++b) {
+        pos[b] = i;
+        memcpy(toks + (size_t)b * c, ids + (size_t)(w0 + b) * o->ctx + i, (size_t)c * sizeof *toks);
+      }
+      if ((st = forward_seqs(&r, nb, seqs, toks, c, pos, logits, 1))) break;
+      for (int b = 0; b < nb; ++b) {
+        const int *wid = ids + (size_t)(w0 + b) * o->ctx;
+        for (int t = 0; t < c && i + t + 1 < o->ctx; ++t) { /* predict token i+t+1 */
+          if (i + t < p0) continue;
+          const float *lg = logits + ((size_t)b * c + t) * V;
+          float mx = lg[0];
+          for (int j = 1; j < V; ++j) mx = lg[j] > mx ? lg[j] : mx;
+          double se = 0;
+          for (int j = 0; j < V; ++j) se += exp((double)lg[j] - mx);
+          nll_w[w0 + b] += log(se) + mx - lg[wid[i + t + 1]];
+          ++scored;
+        }
       }
       if (!o->quiet)
-        fprintf(stderr, "\rppl %s ctx %d: window %d/%d, %lld tokens scored, ppl %.4f   ", r.setting, o->ctx, w + 1,
-                windows, scored, exp(nll / (double)scored));
+        fprintf(stderr, "\rppl %s ctx %d: windows %d-%d of %d, %lld tokens scored   ", r.setting, o->ctx, w0 + 1,
+                w0 + nb, windows, scored);
     }
-    if (st) {
-      fprintf(stderr, "\nkivi-run: %s\n", kivi_status_string(st));
-      goto out;
-    }
+  }
+  for (int w = 0; w < windows; ++w) nll += nll_w[w];
+  free(seqs), free(pos), free(toks), free(nll_w);
+  if (st) {
+    fprintf(stderr, "\nkivi-run: %s\n", kivi_status_string(st));
+    goto out;
   }
   const double dt = now_s() - t0, ppl = exp(nll / (double)scored);
   if (!o->quiet) fprintf(stderr, "\n");
@@ -675,7 +887,8 @@ static int cmd_ppl(options *o) {
          o->ctx, windows, scored, o->score_half ? " of the second halves" : "", n, o->text_file, dt);
   if (r.json) {
     fprintf(r.json, "  \"text_file\": \"%s\", \"text_tokens\": %zu, \"ctx\": %d, \"windows\": %d, \"predictions\": %lld,\n"
-            "  \"score\": \"%s\",\n", o->text_file, n, o->ctx, windows, scored, o->score_half ? "second-half" : "all");
+            "  \"score\": \"%s\", \"batch\": %d,\n", o->text_file, n, o->ctx, windows, scored,
+            o->score_half ? "second-half" : "all", o->batch);
     fprintf(r.json, "  \"seconds\": %.3f,\n  \"ppl\": %.6f\n}\n", dt, ppl);
   }
   rc = 0;
