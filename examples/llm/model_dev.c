@@ -23,12 +23,11 @@ static int download(const llm_dev_model *dm, void *dst, const void *src, size_t 
   return omp_target_memcpy(dst, src, bytes, 0, 0, omp_get_initial_device(), dm->device);
 }
 
-static int init_device(llm_dev_model *dm, int device) {
+static void init_device(llm_dev_model *dm, int device) {
   dm->device = device;
   dm->on_gpu = device != omp_get_initial_device();
   dm->blas = dm->on_gpu ? llm_blas_create(device, NULL) : NULL; /* NULL: the products as target loops */
   dm->cublas = dm->blas != NULL;
-  return 0;
 }
 
 static size_t layer_halves(const llm_dev_shape *s) {
@@ -72,16 +71,22 @@ static int check_shape(const llm_dev_shape *s, char *err, size_t errlen) {
 }
 
 /* ---- weights from a host model (fp32, any GGUF type) ------------------------------------ */
+/* -1 also for a weight beyond fp16's range */
 static int put_f16(llm_dev_model *dm, f16 *dst, size_t at, const float *src, size_t n, f16 *tmp) {
-  for (size_t i = 0; i < n; ++i) tmp[i] = (f16)src[i];
-  return upload(dm, dst + at, tmp, n * sizeof(f16));
+  int bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    tmp[i] = (f16)src[i];
+    bad |= !isfinite((float)tmp[i]);
+  }
+  return bad || upload(dm, dst + at, tmp, n * sizeof(f16));
 }
 
 int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, char *err, size_t errlen) {
   memset(dm, 0, sizeof *dm);
   dm->s = (llm_dev_shape){m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->dim,
                           m->ffn_dim, m->n_vocab, m->rope_base, m->rms_eps};
-  if (check_shape(&dm->s, err, errlen) || init_device(dm, device)) return -1;
+  if (check_shape(&dm->s, err, errlen)) return -1;
+  init_device(dm, device);
   const int tied = m->output == m->tok_embd;
   if (alloc_weights(dm, tied, err, errlen)) {
     llm_dev_model_free(dm);
@@ -105,7 +110,7 @@ int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, c
   }
   free(tmp);
   if (bad) {
-    snprintf(err, errlen, "cannot copy the weights to device %d", device);
+    snprintf(err, errlen, "cannot copy the weights to device %d as fp16 (out of fp16's range?)", device);
     llm_dev_model_free(dm);
     return -1;
   }
@@ -138,7 +143,8 @@ int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t 
                             size_t errlen) {
   memset(dm, 0, sizeof *dm);
   dm->s = *s;
-  if (check_shape(s, err, errlen) || init_device(dm, device)) return -1;
+  if (check_shape(s, err, errlen)) return -1;
+  init_device(dm, device);
   if (alloc_weights(dm, 0, err, errlen)) {
     llm_dev_model_free(dm);
     return -1;
