@@ -424,11 +424,12 @@ static void runner_close(runner *r) {
 
 /* Runs n tokens of the sequence (n <= chunk) where the model lives; logits NULL, or of the last
  * token ([n_vocab]), or with `all` of every token ([n][n_vocab]). */
+static kivi_status forward_seqs(runner *r, int ns, const int *seq_ids, const int *toks, int n, const int *pos,
+                                float *logits, int all);
 static kivi_status forward(runner *r, const int *ids, int n, float *logits, int all) {
-  if (!r->on_dev) return llm_forward(&r->sess, ids, n, logits, all);
   if (n < 1 || n > r->o.chunk) return KIVI_ERR_ARG;
   const int seq = r->sess.seq_id, pos = r->sess.pos;
-  const kivi_status st = llm_dev_forward(&r->db, r->cache, 1, &seq, &n, &pos, ids, logits, all && logits, NULL, NULL);
+  const kivi_status st = forward_seqs(r, 1, &seq, ids, n, &pos, logits, all);
   if (!st) r->sess.pos += n;
   return st;
 }
@@ -675,9 +676,9 @@ static int cmd_generate_batch(options *o) {
   size_t nids[MAX_PROMPTS] = {0}, cap = 0;
   char *texts[MAX_PROMPTS] = {0};
   size_t tlens[MAX_PROMPTS] = {0};
-  int *seqs = NULL, *pos = NULL, *toks = NULL, *done = NULL, *count = NULL, *act = NULL;
+  int *seqs = NULL, *pos = NULL, *toks = NULL, *done = NULL, *count = NULL, *apos = NULL;
   uint64_t *rng = NULL;
-  float *logits = NULL;
+  float *logits = NULL, *al = NULL;
   if (runner_open(&r)) goto out;
   for (char *line = file, *end; line < file + flen; line = end + 1) {
     end = memchr(line, '\n', (size_t)(file + flen - line));
@@ -707,10 +708,11 @@ static int cmd_generate_batch(options *o) {
   logits = malloc((size_t)ns * V * sizeof *logits);
   seqs = malloc((size_t)ns * sizeof *seqs), pos = malloc((size_t)ns * sizeof *pos);
   toks = malloc((size_t)ns * sizeof *toks), done = calloc((size_t)ns, sizeof *done);
-  count = calloc((size_t)ns, sizeof *count), act = malloc((size_t)ns * sizeof *act);
+  count = calloc((size_t)ns, sizeof *count), apos = malloc((size_t)ns * sizeof *apos);
+  al = malloc((size_t)ns * V * sizeof *al);
   rng = malloc((size_t)ns * sizeof *rng);
   for (int i = 0; i < ns; ++i) texts[i] = malloc(64 * (size_t)max_new + 64);
-  if (!logits || !seqs || !pos || !toks || !done || !count || !act || !rng) goto out;
+  if (!logits || !seqs || !pos || !toks || !done || !count || !apos || !al || !rng) goto out;
   for (int i = 0; i < ns; ++i)
     if (!texts[i]) goto out;
   kivi_status st = KIVI_OK;
@@ -726,7 +728,7 @@ static int cmd_generate_batch(options *o) {
     prompt_tokens += (long long)nids[i];
   }
   const double t1 = now_s();
-  while (!st) {
+  while (!st) { /* the unfinished sequences seqs[0..na), at positions apos, logits al */
     int na = 0;
     for (int i = 0; i < ns; ++i) { /* row i of logits is sequence i's */
       if (done[i]) continue;
@@ -746,26 +748,17 @@ static int cmd_generate_batch(options *o) {
         done[i] = 1;
         continue;
       }
-      act[na] = i;
       seqs[na] = i;
+      apos[na] = pos[i];
       toks[na] = next;
       ++na;
     }
     if (!na) break;
-    int *apos = malloc((size_t)na * sizeof *apos);
-    float *al = malloc((size_t)na * V * sizeof *al);
-    if (!apos || !al) {
-      free(apos), free(al);
-      st = KIVI_ERR_NOMEM;
-      break;
-    }
-    for (int a = 0; a < na; ++a) apos[a] = pos[act[a]];
     st = forward_seqs(&r, na, seqs, toks, 1, apos, al, 0);
     for (int a = 0; a < na && !st; ++a) {
-      memcpy(logits + (size_t)act[a] * V, al + (size_t)a * V, (size_t)V * sizeof *al);
-      ++pos[act[a]];
+      memcpy(logits + (size_t)seqs[a] * V, al + (size_t)a * V, (size_t)V * sizeof *al);
+      ++pos[seqs[a]];
     }
-    free(apos), free(al);
   }
   const double t2 = now_s();
   if (st) {
@@ -799,7 +792,7 @@ out:
     free(ids[i]);
     free(texts[i]);
   }
-  free(logits), free(seqs), free(pos), free(toks), free(done), free(count), free(act), free(rng);
+  free(logits), free(al), free(seqs), free(pos), free(toks), free(done), free(count), free(apos), free(rng);
   free(file);
   return rc;
 }

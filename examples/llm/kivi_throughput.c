@@ -85,9 +85,11 @@ static kivi_status make_cache(kivi_context *ctx, const opts *o, const kv_kind *k
   return kivi_cache_create(ctx, &cfg, c);
 }
 
+/* rows of a call: whole prompts up to --chunk tokens (at least one), or a decode step's batch */
 static int prefill_rows(const opts *o, int batch) {
-  const int r = o->chunk / o->prompt * o->prompt;
-  return batch > (r > o->prompt ? r : o->prompt) ? batch : (r > o->prompt ? r : o->prompt);
+  int r = o->chunk / o->prompt * o->prompt;
+  if (r < o->prompt) r = o->prompt;
+  return batch > r ? batch : r;
 }
 
 /* Whether a batch fits: the cache and the scratch allocate, and 2 % of the device stays free

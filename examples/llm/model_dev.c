@@ -27,7 +27,6 @@ static void init_device(llm_dev_model *dm, int device) {
   dm->device = device;
   dm->on_gpu = device != omp_get_initial_device();
   dm->blas = dm->on_gpu ? llm_blas_create(device, NULL) : NULL; /* NULL: the products as target loops */
-  dm->cublas = dm->blas != NULL;
 }
 
 static size_t layer_halves(const llm_dev_shape *s) {
@@ -193,7 +192,7 @@ size_t llm_dev_memory(const llm_dev_model *dm, size_t *total) {
 }
 
 const char *llm_dev_matmul_name(const llm_dev_model *dm) {
-  return dm->cublas ? "cuBLAS" : dm->on_gpu ? "OpenMP target loop" : "host OpenMP loop";
+  return dm->blas ? "cuBLAS" : dm->on_gpu ? "OpenMP target loop" : "host OpenMP loop";
 }
 
 /* ---- batch scratch ---------------------------------------------------------------------- */
@@ -233,7 +232,6 @@ int llm_dev_batch_init(llm_dev_batch *b, const llm_dev_model *m, int max_rows, i
   for (int i = 0; i < 3; ++i) bad |= !(*f16p[i] = dev_alloc(m, f16s[i] * sizeof(f16)));
   bad |= !(b->rows = dev_alloc(m, (ints - (size_t)max_seqs) * sizeof(int))) ||
          !(b->best = dev_alloc(m, (size_t)max_seqs * sizeof(int)));
-  b->bytes = llm_dev_batch_bytes(m, max_rows, max_seqs, logit_rows);
   if (bad) {
     llm_dev_batch_free(b);
     return -1;

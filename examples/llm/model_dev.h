@@ -37,8 +37,7 @@ typedef struct llm_dev_model {
   llm_dev_shape s;
   int device;  /* OpenMP device number of the weights (omp_get_initial_device(): the host) */
   int on_gpu;  /* 1 when `device` is not the host */
-  int cublas;  /* 1 when the products go through cuBLAS */
-  struct llm_blas *blas; /* model_blas.h; NULL without cuBLAS */
+  struct llm_blas *blas; /* model_blas.h: the products through cuBLAS; NULL: a target loop */
   _Float16 *tok_embd; /* [n_vocab][dim] */
   _Float16 *output;   /* [n_vocab][dim]; == tok_embd when tied */
   float *out_norm;    /* [dim] */
@@ -60,7 +59,6 @@ typedef struct llm_dev_batch {
   _Float16 *xn, *att, *h;
   int *rows; /* [2 max_rows]: token, position */
   int *best; /* [max_seqs] argmax of each row's logits */
-  size_t bytes;
 } llm_dev_batch;
 
 /* `device`: an OpenMP device number (omp_get_initial_device() for the host).  0, or -1 with a
