@@ -114,11 +114,23 @@ static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uin
                    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+/* An asynchronous 16-byte copy from global to shared memory (sm_80 cp.async, L2 only), and its
+ * groups: commit closes the thread's copies issued since the last commit into a group; wait
+ * returns when at most n of the thread's groups are still in flight (n a constant).  The data
+ * are visible to the copying thread after the wait, to the other lanes after a warp barrier. */
+static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) {
+  uint32_t a;
+  __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(dst));
+  __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(a), "l"(src) : "memory");
+}
+static inline __attribute__((unused)) void fk_cp_commit(void) { __asm__ volatile("cp.async.commit_group;" : : : "memory"); }
+#define fk_cp_wait(n) __asm__ volatile("cp.async.wait_group %0;" : : "n"(n) : "memory")
 static inline fk_v4u ld16(const uint32_t *p) { return __nvvm_ldg_ui4((const fk_v4u *)p); }
 static inline fk_v2u ld8(const uint32_t *p) { return __nvvm_ldg_ui2((const fk_v2u *)p); }
 static inline uint32_t ld4(const uint32_t *p) { return __nvvm_ldg_ui(p); }
 static inline float shfx(float v, int o) { return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, o, 0x1f); }
 static inline float shfi(float v, int l) { return __nvvm_shfl_sync_idx_f32(0xffffffffu, v, l, 0x1f); }
+static inline __attribute__((unused)) int shfi_i(int v, int l) { return __nvvm_shfl_sync_idx_i32(0xffffffffu, v, l, 0x1f); }
 /* the warp's maximum of u, one instruction (sm_80+); of floats >= 0 (their bits), it is fmaxf's */
 static inline uint32_t wmaxu(uint32_t u) {
   uint32_t d;
@@ -150,11 +162,15 @@ static inline uint32_t f2h2(float lo, float hi) { return (uint32_t)lo ^ (uint32_
 static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   d[0] += (float)(a0 ^ b0); d[1] += (float)(a1 ^ b1); d[2] += (float)(a2 ^ b0); d[3] += (float)(a3 ^ b1);
 }
+static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
+static inline __attribute__((unused)) void fk_cp_commit(void) {}
+#define fk_cp_wait(n) ((void)(n))
 static inline fk_v4u ld16(const uint32_t *p) { fk_v4u r = {p[0], p[1], p[2], p[3]}; return r; }
 static inline fk_v2u ld8(const uint32_t *p) { fk_v2u r = {p[0], p[1]}; return r; }
 static inline uint32_t ld4(const uint32_t *p) { return *p; }
 static inline float shfx(float v, int o) { (void)o; return v; }
 static inline float shfi(float v, int l) { (void)l; return v; }
+static inline __attribute__((unused)) int shfi_i(int v, int l) { (void)l; return v; }
 static inline uint32_t wmaxu(uint32_t u) { return u; }
 static inline float fk_ex2(float x) { return exp2f(x); }
 static inline uint32_t fk_ballot(int pred) { return pred != 0; }
@@ -176,7 +192,7 @@ static inline void fk_vcodes4(uint32_t *cw, const uint32_t *p) {
   cw[3] = x.w;
 }
 /* n = 1, 2 or 4 (a constant) consecutive code words with one aligned load */
-static inline void fk_words(uint32_t *w, const uint32_t *p, int n) {
+static inline __attribute__((unused)) void fk_words(uint32_t *w, const uint32_t *p, int n) {
   if (n == 4) {
     const fk_v4u x = ld16(p);
     w[0] = x.x;
@@ -334,6 +350,15 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 #ifndef KIVI_GQA_PCOMBINE_MIN
 #define KIVI_GQA_PCOMBINE_MIN 8
 #endif
+/* 0 (default): the two-phase GQA kernel (attention_gqa.inc).  1: the warp-streamed one
+ * (attention_gqa_ws.inc: 32-token units through a cp.async ring per warp, an online softmax per
+ * warp, no block barrier between K and V).  Both pass the GPU tests; the warp-streamed one was
+ * 14-28 % slower on the H200 (both issue-bound at 0.47 warps per scheduler and cycle, DRAM at
+ * 19-22 % of its peak: docs/PERF.md, round 20), so it is built only with
+ * CPPFLAGS=-DKIVI_GQA_WARPS=1, for measurement. */
+#ifndef KIVI_GQA_WARPS
+#define KIVI_GQA_WARPS 0
+#endif
 /* The combine of the nslots partials of (row, head) rh (head_dim D <= FNT) by the block that
  * arrived last; thread tid < D writes channel tid.  kivi_combine_item reads the slots one after the other, its part_o
  * load behind a branch on the slot's sum; here all threads compute the slots' weights
@@ -416,7 +441,11 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   if (gqa) { /* one block per (row, kv-head, split) for the group's KIVI_GQA_NH query heads */
     const int nblk = rows * H * nsf;
     if (nblk <= 0) return;
+#if KIVI_GQA_WARPS
+#define KIVI_REGION_FILE "attention_gqa_ws.inc"
+#else
 #define KIVI_REGION_FILE "attention_gqa.inc"
+#endif
 #include "region_bits.inc"
 #undef KIVI_REGION_FILE
     return;

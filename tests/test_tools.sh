@@ -47,8 +47,15 @@ if [ -x "$b/examples/llm/kivi_throughput$E" ]; then
     { echo "FAIL: kivi_throughput --shape tiny: exit $rc, $runs runs"; cat "$tj"; bad=1; }
   if command -v python3 >/dev/null; then python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$tj" ||
     { echo "FAIL: kivi_throughput wrote invalid JSON"; bad=1; }; fi
-  rm -f "$tj"
   echo "kivi_throughput: 4 caches x 2 batches of the tiny model, JSON complete"
+  # SmolLM2-135M's shape (GQA 9 over 3 heads of 64): one step of batch 1 on a KIVI-2 cache
+  "$b/examples/llm/kivi_throughput$E" --shape smollm2-135m --kv kivi2 --prompt 4 --gen 2 --batches 1 --no-max \
+    --json "$tj" >/dev/null 2>&1; rc=$?
+  { [ $rc -eq 0 ] && grep -q '"layers": 30, "dim": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "ffn": 1536, "vocab": 49152' "$tj" &&
+    grep -Eq '"batch": 1, "tokens_per_s": ([1-9]|0\.[0-9]*[1-9])' "$tj"; } ||
+    { echo "FAIL: kivi_throughput --shape smollm2-135m: exit $rc"; cat "$tj"; bad=1; }
+  rm -f "$tj"
+  echo "kivi_throughput: SmolLM2-135M's shape, one KIVI-2 step"
 fi
 out=$("$b/tools/kivi-info$E" 2>&1); rc=$?
 echo "$out" | sed 's/^/  /'

@@ -27,7 +27,9 @@ static const char usage[] =
     "  sizes; tokens/s, the decode step's parts and device memory for each.\n"
     "  --shape S        llama2-7b (default: 32 layers, 4096 wide, 32 heads x 128, FFN 11008,\n"
     "                   vocabulary 32000) or tiny (2 layers, 256 wide, 2 heads x 128, FFN 512,\n"
-    "                   vocabulary 512: a check that runs anywhere)\n"
+    "                   vocabulary 512: a check that runs anywhere) or smollm2-135m (SmolLM2-135M's\n"
+    "                   shape: 30 layers, 576 wide, 9 heads x 64 over 3 kv-heads, FFN 1536,\n"
+    "                   vocabulary 49152)\n"
     "  --prompt P       prompt tokens per sequence (default 161)\n"
     "  --gen N          generated tokens per sequence (default 338)\n"
     "  --kv LIST        caches, comma-separated from fp16, kivi4, kivi2, kivi2-r32\n"
@@ -216,6 +218,7 @@ out:
 static int parse(int argc, char **argv, opts *o) {
   static const llm_dev_shape llama2 = {32, 32, 32, 128, 4096, 11008, 32000, 10000.0f, 1e-5f};
   static const llm_dev_shape tiny = {2, 2, 2, 128, 256, 512, 512, 10000.0f, 1e-5f};
+  static const llm_dev_shape smollm2 = {30, 9, 3, 64, 576, 1536, 49152, 100000.0f, 1e-5f};
   memset(o, 0, sizeof *o);
   o->shape = llama2;
   o->shape_name = "llama2-7b";
@@ -244,6 +247,8 @@ static int parse(int argc, char **argv, opts *o) {
         o->shape = llama2;
       else if (!strcmp(v, "tiny"))
         o->shape = tiny;
+      else if (!strcmp(v, "smollm2-135m"))
+        o->shape = smollm2;
       else
         return kivi_cli_bad(PROG, "unknown shape", v);
       o->shape_name = v;
