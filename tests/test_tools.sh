@@ -56,6 +56,12 @@ if [ -x "$b/examples/llm/kivi_throughput$E" ]; then
     { echo "FAIL: kivi_throughput --shape smollm2-135m: exit $rc"; cat "$tj"; bad=1; }
   rm -f "$tj"
   echo "kivi_throughput: SmolLM2-135M's shape, one KIVI-2 step"
+  # --max-only fills device memory: on host threads it stops with an error naming the GPU
+  if [ "${KIVI_TEST_EXPECT_GPU:-0}" != 1 ]; then
+    out=$("$b/examples/llm/kivi_throughput$E" --shape tiny --max-only --device host 2>&1); rc=$?
+    { [ $rc -eq 1 ] && echo "$out" | grep -q 'max-only needs a GPU'; } ||
+      { echo "FAIL: kivi_throughput --max-only on the host: exit $rc"; echo "$out"; bad=1; }
+  fi
 fi
 out=$("$b/tools/kivi-info$E" 2>&1); rc=$?
 echo "$out" | sed 's/^/  /'

@@ -37,6 +37,7 @@ static const char usage[] =
     "  --batches LIST   batch sizes, comma-separated (default on a GPU: 1 16 64 128 256 512 1024\n"
     "                   2048 4096 8192 and each cache's largest; on the host: 1,2)\n"
     "  --no-max         do not search for and run each cache's largest batch\n"
+    "  --max-only       only find each cache's largest batch and its memory, run nothing (GPU)\n"
     "  --chunk T        prompt tokens per prefill call, all sequences together (default 8192)\n"
     "  --device N|host  OpenMP device number, or host threads (default: the default device)\n"
     "  --json FILE      write the results as JSON\n";
@@ -59,7 +60,7 @@ typedef struct run_result {
 typedef struct opts {
   llm_dev_shape shape;
   const char *shape_name;
-  int prompt, gen, chunk, device, no_max;
+  int prompt, gen, chunk, device, no_max, max_only;
   int kv[N_KINDS], n_kv;
   int batches[64], n_batches;
   const char *json;
@@ -229,8 +230,8 @@ static int parse(int argc, char **argv, opts *o) {
   for (int i = 0; i < N_KINDS; ++i) o->kv[o->n_kv++] = i;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--no-max")) {
-      o->no_max = 1;
+    if (!strcmp(a, "--no-max") || !strcmp(a, "--max-only")) {
+      *(a[2] == 'n' ? &o->no_max : &o->max_only) = 1;
       continue;
     }
     static const char *const with_value[] = {"--shape", "--prompt", "--gen", "--kv", "--batches", "--chunk", "--device", "--json"};
@@ -336,6 +337,12 @@ int main(int argc, char **argv) {
     }
   }
   const int search = ci.on_gpu && total && !o.no_max;
+  if (o.max_only && !search) {
+    fprintf(stderr, PROG ": --max-only needs a GPU (device memory to fill) and no --no-max\n");
+    llm_dev_model_free(&dm);
+    kivi_context_destroy(ctx);
+    return 1;
+  }
   FILE *jf = o.json ? fopen(o.json, "w") : NULL;
   if (o.json && !jf) {
     fprintf(stderr, PROG ": cannot write %s\n", o.json);
@@ -353,7 +360,8 @@ int main(int argc, char **argv) {
             kivi_version_string(), o.shape_name, o.shape.n_layers, o.shape.dim, o.shape.n_heads, o.shape.n_kv_heads,
             o.shape.head_dim, o.shape.ffn_dim, o.shape.n_vocab, (double)dm.weight_bytes / 1e9, o.prompt, o.gen,
             ci.on_gpu ? "gpu" : "host", (double)total / 1e9, llm_dev_matmul_name(&dm));
-  printf("%-10s %6s %10s %10s %8s %8s %8s %8s %8s %8s\n", "cache", "batch", "tok/s", "decode/s", "step ms", "matmul",
+  if (!o.max_only)
+    printf("%-10s %6s %10s %10s %8s %8s %8s %8s %8s %8s\n", "cache", "batch", "tok/s", "decode/s", "step ms", "matmul",
          "attn", "append", "other", "mem GB");
   int rc = 0;
   for (int ki = 0; ki < o.n_kv && !rc; ++ki) {
@@ -364,9 +372,18 @@ int main(int argc, char **argv) {
     for (int i = 0; i < o.n_batches; ++i)
       if (!search || o.batches[i] < maxb) list[n++] = o.batches[i];
     if (search && maxb > 0) list[n++] = maxb;
-    if (jf)
-      fprintf(jf, "    {\"cache\": \"%s\", \"k_bits\": %d, \"v_bits\": %d, \"group\": 32, \"residual\": %d, \"max_batch\": %d, \"runs\": [\n",
+    size_t cb = 0; /* --max-only: the cache's bytes at its largest batch */
+    if (o.max_only) {
+      n = 0;
+      cb = maxb > 0 ? cache_bytes(ctx, &o, k, maxb) : 0;
+      printf("%-10s largest batch %d, cache %.2f GB\n", k->name, maxb, (double)cb / 1e9);
+    }
+    if (jf) {
+      fprintf(jf, "    {\"cache\": \"%s\", \"k_bits\": %d, \"v_bits\": %d, \"group\": 32, \"residual\": %d, \"max_batch\": %d, ",
               k->name, k->k_bits, k->v_bits, k->residual, maxb);
+      if (o.max_only) fprintf(jf, "\"cache_gb\": %.2f, ", (double)cb / 1e9);
+      fprintf(jf, "\"runs\": [\n");
+    }
     for (int i = 0; i < n; ++i) {
       run_result r;
       st = run_batch(ctx, &dm, &o, k, list[i], &r);
