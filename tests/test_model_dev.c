@@ -108,16 +108,25 @@ static void teardown(fixture *f) {
 
 static int prompt_token(int seq, int j) { return (int)((7919u * (unsigned)(seq + 1) + 104729u * (unsigned)j) % VOCAB); }
 
+/* _i = 1: both models Hadamard-rotate K, q and V (the output back): the same model, so the
+ * same bounds; and what reaches the caches must be the rotated vectors on both sides, which
+ * unrotated ones (as large as the rotated) would miss by far more than ROTATED_KV_TOL */
+#define ROTATED_KV_TOL 5e-2 /* of max |K or V| of the host cache: fp16 activations, measured below 1e-2 */
 START_TEST(dev_matches_host) {
   fixture f;
   setup(&f);
   enum { S = 3, STEPS = 16 };
   const int plen[S] = {5, 17, 40};
+  const int rot = _i ? LLM_ROTATE_K | LLM_ROTATE_V : 0;
+  llm_fake_quant fq;
+  memset(&fq, 0, sizeof fq);
+  fq.rotate = rot;
+  f.dm.rotate = rot;
   kivi_cache *dc = fp16_cache(f.ctx, S), *hc = fp16_cache(f.ctx, S);
   llm_dev_batch b;
   ck_assert_int_eq(llm_dev_batch_init(&b, &f.dm, 64, S, S), 0);
   llm_session hs[S];
-  for (int i = 0; i < S; ++i) ck_assert_int_eq(llm_session_init(&hs[i], &f.hm, hc, i, 64, NULL), 0);
+  for (int i = 0; i < S; ++i) ck_assert_int_eq(llm_session_init(&hs[i], &f.hm, hc, i, 64, rot ? &fq : NULL), 0);
   int ids[S], nn[S], pos[S], tok[64], best[S];
   float *dl = malloc((size_t)S * VOCAB * sizeof *dl), *hl = malloc(VOCAB * sizeof *hl);
   int T = 0;
@@ -152,10 +161,30 @@ START_TEST(dev_matches_host) {
       tok[i] = best[i];
     }
   }
-  printf("model_dev vs host model: logits within %.2e of max |logit| (bound %.0e); %d of %d greedy tokens "
+  printf("model_dev vs host model%s: logits within %.2e of max |logit| (bound %.0e); %d of %d greedy tokens "
          "compared and equal; decode-step parts (s): matmul %.3f attention %.3f append %.3f other %.3f\n",
-         worst, LOGIT_REL_TOL, agree, compared, t.matmul, t.attention, t.append, t.other);
+         rot ? ", K and V rotated" : "", worst, LOGIT_REL_TOL, agree, compared, t.matmul, t.attention, t.append,
+         t.other);
   ck_assert_int_gt(agree, compared / 2);
+  if (rot) { /* the fp16 caches' K and V (both exports: K rows, then V rows) side by side */
+    size_t nd = 0, nh = 0;
+    ck_assert_int_eq(kivi_cache_export_seq(dc, 2, NL - 1, NULL, &nd), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_export_seq(hc, 2, NL - 1, NULL, &nh), KIVI_OK);
+    ck_assert_uint_eq(nd, nh);
+    _Float16 *ed = malloc(nd), *eh = malloc(nh);
+    ck_assert_int_eq(kivi_cache_export_seq(dc, 2, NL - 1, ed, &nd), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_export_seq(hc, 2, NL - 1, eh, &nh), KIVI_OK);
+    double m = 0, e = 0;
+    for (size_t i = 0; i < nh / 2; ++i) {
+      m = fmax(m, fabs((double)eh[i]));
+      e = fmax(e, fabs((double)ed[i] - (double)eh[i]));
+    }
+    printf("rotated K and V in the caches: device against host within %.2e of max %.3g (bound %.0e)\n", e / m, m,
+           ROTATED_KV_TOL);
+    ck_assert_msg(e <= ROTATED_KV_TOL * m, "cached K/V differ by %.3g of max %.3g", e, m);
+    free(ed);
+    free(eh);
+  }
   free(dl);
   free(hl);
   for (int i = 0; i < S; ++i) llm_session_free(&hs[i]);
@@ -291,7 +320,7 @@ int main(void) {
   Suite *s = suite_create("model_dev");
   TCase *tc = tcase_create("model_dev");
   tcase_add_test(tc, bad_arguments);
-  tcase_add_test(tc, dev_matches_host);
+  tcase_add_loop_test(tc, dev_matches_host, 0, 2);
   tcase_add_test(tc, all_logits_match_host);
   tcase_add_test(tc, batch_equals_single);
   suite_add_tcase(s, tc);

@@ -9,7 +9,8 @@
 #     and fp16 with --rotate kv (Hadamard-rotated K, q and V, outputs rotated back: the same model
 #     in exact arithmetic) within PPL_ROTATE_REL;
 #  3. batches: generate --prompts against each prompt alone, ppl --batch against one window at a time;
-#  4. the model on the cache's device (--forward device) against the host model, on a 2-layer cut;
+#  4. the model on the cache's device (--forward device) against the host model, on a 2-layer cut,
+#     plain and with --rotate kv;
 #  5. with NumPy available, scripts/check_model_ref.py: an independent float64 forward pass (and
 #     the HF tokenizer when installed) against kivi-run.
 set -eu
@@ -89,16 +90,20 @@ echo "ppl --batch 3: $(ppl batch3), as one window at a time"
 # the device path on host threads is slow), within PPL_DEVICE_REL
 PPL_DEVICE_REL=0.001
 "$b/examples/llm/kivi_gguf_cut${EXEEXT:-}" "$model" "$tmp/cut2.gguf" --layers 2 >/dev/null
-for f in host device; do
-  "$run" ppl "$text" --model "$tmp/cut2.gguf" --kv kivi2 --ctx 64 --max-tokens 64 --forward $f --quiet \
-    --json "$tmp/ppl-fwd-$f.json"
-  grep -q "\"forward\": \"$f\"" "$tmp/ppl-fwd-$f.json" || { echo "FAIL: --forward $f did not run there"; exit 1; }
+# (and both with K and V Hadamard-rotated, --rotate kv: each model rotates on its own side)
+for rot in "" kv; do
+  for f in host device; do
+    "$run" ppl "$text" --model "$tmp/cut2.gguf" --kv kivi2 --ctx 64 --max-tokens 64 --forward $f \
+      ${rot:+--rotate $rot} --quiet --json "$tmp/ppl-fwd-$f$rot.json"
+    grep -q "\"forward\": \"$f\"" "$tmp/ppl-fwd-$f$rot.json" || { echo "FAIL: --forward $f did not run there"; exit 1; }
+  done
+  awk -v h="$(ppl fwd-host$rot)" -v d="$(ppl fwd-device$rot)" -v t="$PPL_DEVICE_REL" -v rot="$rot" 'BEGIN {
+    r = (d - h) / h;
+    printf "ppl (2 layers, 64 tokens%s): model on the host %.4f, on the device %.4f (%+.2e, bound %.0e)\n",
+           rot == "" ? "" : ", --rotate " rot, h, d, r, t;
+    if (!(r < t && r > -t)) { print "FAIL: the device model differs from the host model"; exit 1 }
+  }'
 done
-awk -v h="$(ppl fwd-host)" -v d="$(ppl fwd-device)" -v t="$PPL_DEVICE_REL" 'BEGIN {
-  r = (d - h) / h;
-  printf "ppl (2 layers, 64 tokens): model on the host %.4f, on the device %.4f (%+.2e, bound %.0e)\n", h, d, r, t;
-  if (!(r < t && r > -t)) { print "FAIL: the device model differs from the host model"; exit 1 }
-}'
 
 if python3 -c "import numpy" 2>/dev/null; then
   python3 "$s/scripts/check_model_ref.py" "$run" "$model" "$text" 128

@@ -80,7 +80,7 @@ static const char usage_text[] =
         "  --forward auto|host|device   where the rest of the model runs: device = the cache's\n"
         "                     device (on a GPU: fp16 weights, cuBLAS products, OpenMP target\n"
         "                     regions), host = fp32 on host threads; auto (default) = device when\n"
-        "                     the cache is on a GPU and no --fake-quant, --rotate or --edge-layers\n"
+        "                     the cache is on a GPU and no --fake-quant or --edge-layers\n"
         "  --json FILE        write the results as JSON\n"
         "  --quiet            no progress on stderr\n";
 
@@ -360,9 +360,9 @@ static int runner_start(runner *r, int max_len) {
   r->sess.n_edge = r->o.edge_layers;
   kivi_context_info info;
   (void)kivi_context_get_info(r->ctx, &info);
-  const int simulated = r->o.fake || r->o.rotate || r->o.edge_layers > 0;
+  const int simulated = r->o.fake || r->o.edge_layers > 0;
   if (r->o.forward == FWD_DEVICE && simulated) {
-    fprintf(stderr, "kivi-run: --forward device runs the model as it is: no --fake-quant, --rotate or --edge-layers\n");
+    fprintf(stderr, "kivi-run: --forward device runs the model with one cache and no simulation: no --fake-quant or --edge-layers\n");
     return -1;
   }
   r->on_dev = r->o.forward == FWD_DEVICE || (r->o.forward == FWD_AUTO && info.on_gpu && !simulated);
@@ -372,6 +372,7 @@ static int runner_start(runner *r, int max_len) {
       fprintf(stderr, "kivi-run: model on the device: %s\n", err);
       return -1;
     }
+    r->dm.rotate = r->o.rotate;
     const int rows = r->o.chunk * r->n_seqs;
     if (llm_dev_batch_init(&r->db, &r->dm, rows, r->n_seqs, rows)) {
       fprintf(stderr, "kivi-run: out of device memory for the activations\n");

@@ -323,6 +323,25 @@ static void rope_split(const llm_dev_model *dm, const float *qkv, float *q, floa
     }
 }
 
+/* each of the nvec head vectors of x (hd floats, a power of two) through the orthonormal
+ * Walsh-Hadamard transform, in place, with model.c's butterfly order and scaling */
+static void hadamard_rows(const llm_dev_model *dm, float *x, size_t nvec, int hd) {
+  const int dev = dm->device;
+  const float norm = 1.0f / sqrtf((float)hd);
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(x)
+  for (size_t v = 0; v < nvec; ++v) {
+    float *y = x + v * hd;
+    for (int h = 1; h < hd; h *= 2)
+      for (int i = 0; i < hd; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          const float a = y[j], b = y[j + h];
+          y[j] = a + b;
+          y[j + h] = a - b;
+        }
+    for (int i = 0; i < hd; ++i) y[i] *= norm;
+  }
+}
+
 static void silu_mul(const llm_dev_model *dm, f16 *h, const float *gu, int T) {
   const int dev = dm->device, F = dm->s.ffn_dim;
 #pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(h, gu)
@@ -398,6 +417,7 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
   kivi_status st = KIVI_OK;
   const int D = s->dim, F = s->ffn_dim, KV = s->n_kv_heads * s->head_dim, H = s->n_heads;
   const float scale = 1.0f / sqrtf((float)s->head_dim);
+  const int rot = dm->rotate, rot_v = (rot & LLM_ROTATE_V) != 0, hd = s->head_dim;
   int rc = 0;
   TIMED(other, rc = upload(dm, b->rows, rows, (2 * (size_t)T + (size_t)n_seqs) * sizeof *rows));
   if (rc) TRY(KIVI_ERR_DEVICE);
@@ -408,11 +428,17 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
     TIMED(matmul, rc = matmul(dm, b->qkv, b->xn, L->wqkv, T, D, D + 2 * KV, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
     TIMED(other, rope_split(dm, b->qkv, b->q, b->k, b->v, b->rope, T));
+    if (rot & LLM_ROTATE_K) TIMED(other, hadamard_rows(dm, b->k, (size_t)T * s->n_kv_heads, hd);
+                                  hadamard_rows(dm, b->q, (size_t)T * H, hd));
+    if (rot & LLM_ROTATE_V) TIMED(other, hadamard_rows(dm, b->v, (size_t)T * s->n_kv_heads, hd));
     if (decode) {
       TIMED(append, st = kivi_cache_append(cache, l, n_seqs, seq_ids, n_new, b->k, b->v, KIVI_F32, KIVI_MEM_DEVICE));
       TRY(st);
-      TIMED(attention, st = kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale, b->att, KIVI_F16,
-                                                  KIVI_MEM_DEVICE));
+      /* rotated values: the output in fp32, rotated back, then to fp16 */
+      TIMED(attention, st = rot_v ? kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale, b->att32, KIVI_F32,
+                                                          KIVI_MEM_DEVICE)
+                                  : kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale, b->att, KIVI_F16,
+                                                          KIVI_MEM_DEVICE));
       TRY(st);
     } else {
       TIMED(attention, st = kivi_attention_extend(cache, l, n_seqs, seq_ids, n_new, H, b->q, b->k, b->v, scale,
@@ -420,6 +446,9 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
       TRY(st);
       TIMED(append, st = kivi_cache_append(cache, l, n_seqs, seq_ids, n_new, b->k, b->v, KIVI_F32, KIVI_MEM_DEVICE));
       TRY(st);
+    }
+    if (!decode || rot_v) {
+      if (rot_v) TIMED(other, hadamard_rows(dm, b->att32, (size_t)T * H, hd));
       TIMED(other, to_f16(dm, b->att, b->att32, (size_t)T * D));
     }
     TIMED(matmul, rc = matmul(dm, b->x, b->att, L->wo, T, D, D, 1));

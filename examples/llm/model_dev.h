@@ -43,6 +43,10 @@ typedef struct llm_dev_model {
   float *out_norm;    /* [dim] */
   llm_dev_layer *layers;
   size_t weight_bytes;
+  int rotate; /* 0 after creation; LLM_ROTATE_K and/or LLM_ROTATE_V (model.h): each K (and q) and/or
+                 V head vector through the orthonormal Walsh-Hadamard transform before it reaches
+                 the cache, the attention output back, as model.c's llm_fake_quant.rotate does
+                 (head_dim a power of two) */
 } llm_dev_model;
 
 /* Where the step's time went (host wall seconds; each part waits for its device work). */
