@@ -367,17 +367,7 @@ static void quant_group(float *const *el, int n, int bits) { /* min/max asymmetr
  * of two) in x: its own inverse. */
 static void hadamard(float *x, size_t nvec, int hd) {
   const float norm = 1.0f / sqrtf((float)hd);
-  for (size_t v = 0; v < nvec; ++v) {
-    float *y = x + v * hd;
-    for (int h = 1; h < hd; h *= 2)
-      for (int i = 0; i < hd; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          const float a = y[j], b = y[j + h];
-          y[j] = a + b;
-          y[j + h] = a - b;
-        }
-    for (int i = 0; i < hd; ++i) y[i] *= norm;
-  }
+  for (size_t v = 0; v < nvec; ++v) llm_hadamard_vec(x + v * hd, hd, norm);
 }
 
 /* Tokens at positions below `sink` are left as they are (and out of their groups' statistics). */

@@ -61,6 +61,20 @@ typedef struct llm_fake_quant {
 } llm_fake_quant;
 enum { LLM_ROTATE_V = 1, LLM_ROTATE_K = 2 };
 
+/* One head vector y of hd floats (a power of two) through the orthonormal Walsh-Hadamard
+ * transform, in place (norm = 1 / sqrt(hd)): the rotation of llm_fake_quant.rotate, the same
+ * butterfly order in the host model and in the device model's target region. */
+static inline void llm_hadamard_vec(float *y, int hd, float norm) {
+  for (int h = 1; h < hd; h *= 2)
+    for (int i = 0; i < hd; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const float a = y[j], b = y[j + h];
+        y[j] = a + b;
+        y[j + h] = a - b;
+      }
+  for (int i = 0; i < hd; ++i) y[i] *= norm;
+}
+
 /* One sequence being run: the model, its cache (one sequence slot is used) and scratch. */
 typedef struct llm_session {
   const llm_model *m;

@@ -323,23 +323,13 @@ static void rope_split(const llm_dev_model *dm, const float *qkv, float *q, floa
     }
 }
 
-/* each of the nvec head vectors of x (hd floats, a power of two) through the orthonormal
- * Walsh-Hadamard transform, in place, with model.c's butterfly order and scaling */
+/* each of the nvec head vectors of x (hd floats) through the Walsh-Hadamard transform, in place
+ * (model.h: the host model's rotation) */
 static void hadamard_rows(const llm_dev_model *dm, float *x, size_t nvec, int hd) {
   const int dev = dm->device;
   const float norm = 1.0f / sqrtf((float)hd);
 #pragma omp target teams distribute parallel for device(dev) is_device_ptr(x)
-  for (size_t v = 0; v < nvec; ++v) {
-    float *y = x + v * hd;
-    for (int h = 1; h < hd; h *= 2)
-      for (int i = 0; i < hd; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          const float a = y[j], b = y[j + h];
-          y[j] = a + b;
-          y[j + h] = a - b;
-        }
-    for (int i = 0; i < hd; ++i) y[i] *= norm;
-  }
+  for (size_t v = 0; v < nvec; ++v) llm_hadamard_vec(x + v * hd, hd, norm);
 }
 
 static void silu_mul(const llm_dev_model *dm, f16 *h, const float *gu, int T) {
