@@ -230,8 +230,12 @@ static int parse(int argc, char **argv, opts *o) {
   for (int i = 0; i < N_KINDS; ++i) o->kv[o->n_kv++] = i;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--no-max") || !strcmp(a, "--max-only")) {
-      *(a[2] == 'n' ? &o->no_max : &o->max_only) = 1;
+    if (!strcmp(a, "--no-max")) {
+      o->no_max = 1;
+      continue;
+    }
+    if (!strcmp(a, "--max-only")) {
+      o->max_only = 1;
       continue;
     }
     static const char *const with_value[] = {"--shape", "--prompt", "--gen", "--kv", "--batches", "--chunk", "--device", "--json"};
@@ -368,15 +372,15 @@ int main(int argc, char **argv) {
     const kv_kind *k = &kinds[o.kv[ki]];
     const int maxb = search ? max_batch(ctx, &dm, &o, k, total) : 0;
     if (search) fprintf(stderr, PROG ": %s: the largest batch that fits is %d\n", k->name, maxb);
-    int list[65], n = 0;
-    for (int i = 0; i < o.n_batches; ++i)
-      if (!search || o.batches[i] < maxb) list[n++] = o.batches[i];
-    if (search && maxb > 0) list[n++] = maxb;
-    size_t cb = 0; /* --max-only: the cache's bytes at its largest batch */
+    int list[65], n = 0; /* the batches to run: none with --max-only */
+    size_t cb = 0;       /* --max-only: the cache's bytes at its largest batch */
     if (o.max_only) {
-      n = 0;
       cb = maxb > 0 ? cache_bytes(ctx, &o, k, maxb) : 0;
       printf("%-10s largest batch %d, cache %.2f GB\n", k->name, maxb, (double)cb / 1e9);
+    } else {
+      for (int i = 0; i < o.n_batches; ++i)
+        if (!search || o.batches[i] < maxb) list[n++] = o.batches[i];
+      if (search && maxb > 0) list[n++] = maxb;
     }
     if (jf) {
       fprintf(jf, "    {\"cache\": \"%s\", \"k_bits\": %d, \"v_bits\": %d, \"group\": 32, \"residual\": %d, \"max_batch\": %d, ",

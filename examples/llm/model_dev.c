@@ -424,11 +424,10 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
     if (decode) {
       TIMED(append, st = kivi_cache_append(cache, l, n_seqs, seq_ids, n_new, b->k, b->v, KIVI_F32, KIVI_MEM_DEVICE));
       TRY(st);
-      /* rotated values: the output in fp32, rotated back, then to fp16 */
-      TIMED(attention, st = rot_v ? kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale, b->att32, KIVI_F32,
-                                                          KIVI_MEM_DEVICE)
-                                  : kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale, b->att, KIVI_F16,
-                                                          KIVI_MEM_DEVICE));
+      /* rotated values: the output in fp32, rotated back below, then to fp16 */
+      TIMED(attention, st = kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale,
+                                                  rot_v ? (void *)b->att32 : (void *)b->att, rot_v ? KIVI_F32 : KIVI_F16,
+                                                  KIVI_MEM_DEVICE));
       TRY(st);
     } else {
       TIMED(attention, st = kivi_attention_extend(cache, l, n_seqs, seq_ids, n_new, H, b->q, b->k, b->v, scale,
