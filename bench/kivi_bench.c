@@ -18,7 +18,8 @@
  * (append + decode on every layer, 32 heads x 128, context 4096, batch 1 and 8), with the
  * synchronous calls and with the asynchronous ones (one wait per step).  --quick: small shapes
  * for CI on the host.  --stream: the decode calls on a cache with a CUDA stream of its own
- * (kivi_cache_set_stream; each synchronous call enqueues and waits).  --sweep adds step time vs
+ * (kivi_cache_set_stream; each synchronous call enqueues and waits).  --rotate: every cache with
+ * kivi_cache_config.rotate (the cost of the rotation option; the reference rotates too).  --sweep adds step time vs
  * context length (B = 1, 32 heads, S = 1k .. 64k; 1k .. 4k with --quick) for fp16, 2-bit and
  * 4-bit, the data of scripts/plot_bench.py. */
 #include <math.h>
@@ -35,7 +36,7 @@
 static const char bench_usage[] =
     "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
     "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts] [--stack LAYERS]\n"
-    "                  [--stream] [--help] [--version]\n"
+    "                  [--stream] [--rotate k|v|kv] [--help] [--version]\n"
     "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
     "results against a double-precision reference, and prints one table line per shape (stdout,\n"
     "flushed as it goes; progress on stderr).  On host threads the default shapes are reduced.\n";
@@ -60,6 +61,7 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+#define KIVI_BENCH_MAXD 256 /* the largest head_dim */
 static uint64_t rng = 12345;
 static float urand(void) { /* [-1, 1) */
   rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
@@ -69,7 +71,7 @@ static float urand(void) { /* [-1, 1) */
 typedef struct shape { int B, H, S; } shape;
 
 static kivi_context *ctx;
-static int on_gpu, reps = 20, use_stream;
+static int on_gpu, reps = 20, use_stream, rotate_opt; /* rotate_opt: kivi_cache_config.rotate of every cache */
 
 /* Fills B sequences of S tokens (fp16 input from device memory, 4096-token chunks of random
  * data reused along the sequence) and returns the cache.  k0/v0 receive sequence 0's tokens. */
@@ -78,6 +80,7 @@ static kivi_cache *fill(int B, int H, int D, int S, int kb, int vb, float **k0, 
   kivi_cache_config_init(&cfg, 1, H, D, B, S);
   cfg.k_bits = kb;
   cfg.v_bits = vb;
+  cfg.rotate = rotate_opt;
   kivi_cache *c = NULL;
   TRY(kivi_cache_create(ctx, &cfg, &c));
   const int chunk = S < 4096 ? S : 4096;
@@ -166,7 +169,17 @@ static double check_seq0(const kivi_cache *c, int H, int HQ, int D, int S, int k
   double *kd = malloc(sizeof(double) * S * H * D), *vd = malloc(sizeof(double) * S * H * D);
   double *ref = malloc(sizeof(double) * HQ * D);
   ref_dequant_export(&g, S, e, kd, vd);
-  ref_attention(S, H, HQ, D, kd, vd, q, 1.0 / sqrt((double)D), ref, NULL);
+  float *qr = malloc(sizeof(float) * HQ * D); /* a rotated cache: W q, the output rotated back */
+  for (int h = 0; h < HQ; ++h) {
+    double x[KIVI_BENCH_MAXD];
+    for (int i = 0; i < D; ++i) x[i] = q[h * D + i];
+    if (rotate_opt & KIVI_ROTATE_K) ref_rotate(x, D);
+    for (int i = 0; i < D; ++i) qr[h * D + i] = (float)x[i];
+  }
+  ref_attention(S, H, HQ, D, kd, vd, qr, 1.0 / sqrt((double)D), ref, NULL);
+  if (rotate_opt & KIVI_ROTATE_V)
+    for (int h = 0; h < HQ; ++h) ref_rotate(ref + h * D, D);
+  free(qr);
   double num = 0, den = 0;
   for (int i = 0; i < HQ * D; ++i) {
     num = fmax(num, fabs(out[i] - ref[i]));
@@ -235,6 +248,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) kv_heads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) head_dim = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layouts")) layouts = 1;
+    else if (!strcmp(argv[i], "--rotate") && i + 1 < argc &&
+             (!strcmp(argv[i + 1], "k") || !strcmp(argv[i + 1], "v") || !strcmp(argv[i + 1], "kv"))) {
+      ++i;
+      rotate_opt = (strchr(argv[i], 'k') ? KIVI_ROTATE_K : 0) | (strchr(argv[i], 'v') ? KIVI_ROTATE_V : 0);
+    }
     else if (!strcmp(argv[i], "--stack") && i + 1 < argc) stack_layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc && sscanf(argv[++i], "%d,%d,%d", &one.B, &one.H, &one.S) == 3 &&
              one.B > 0 && one.H > 0 && one.S > 0) {

@@ -208,21 +208,57 @@ typedef struct kivi_cache_config {
                         with those of the layers l' = l (mod async_lanes), and side by side with
                         the others (see "asynchronous execution" below).  Each lane holds its own
                         scratch memory. */
-  int32_t reserved[18]; /**< must be 0 (kivi_cache_config_init() zeroes them); later versions
+  int rotate;      /**< ::kivi_rotation (default ::KIVI_ROTATE_NONE): store keys and/or values
+                        Hadamard-rotated (head_dim must then be a power of two) */
+  int32_t reserved[17]; /**< must be 0 (kivi_cache_config_init() zeroes them); later versions
                              give them meanings whose 0 keeps today's behaviour */
 } kivi_cache_config;
+
+/** Which tensors a cache stores rotated (kivi_cache_config::rotate, a bit mask).
+ *
+ * With ::KIVI_ROTATE_K the cache quantizes and stores y = W k for every key head vector k,
+ * where W is the orthonormal Walsh-Hadamard matrix of order head_dim (Sylvester's order,
+ * scaled by 1/sqrt(head_dim); W is symmetric and its own inverse), and the attention calls
+ * use W q for every query head vector q: the logits are the same in exact arithmetic.  With
+ * ::KIVI_ROTATE_V it stores W v for every value head vector and the attention calls return
+ * W times what they computed, so the outputs are the same in exact arithmetic.  A rotation
+ * spreads each vector's outlier channels over all channels, so that 2-bit groups lose less
+ * (QuaRot, SpinQuant; no calibration data).  Exactly, in fp32, for a vector x of head_dim
+ * elements (the conversion of an fp16 or bf16 input to fp32 is exact):
+ *
+ *     for (h = 1; h < head_dim; h *= 2)
+ *       for (i = 0; i < head_dim; i += 2 h)  for (j = i; j < i + h; ++j)
+ *         (x[j], x[j + h]) = (x[j] + x[j + h], x[j] - x[j + h]);
+ *     x[i] *= 1.0f / sqrtf((float)head_dim)   (each i)
+ *
+ * and the cache then rounds the rotated keys and values to fp16, as it rounds any input.  A
+ * rotated vector can exceed the fp16 range where its input did not (up to sqrt(head_dim)
+ * times its largest element): the append then fails with ::KIVI_ERR_NONFINITE, as for any
+ * input beyond fp16.  kivi_cache_export_seq() and checkpoints hold the rotated tensors; a
+ * checkpoint records the rotation and loads only into a cache with the same one.  On a GPU the
+ * rotations of q and of the outputs are one small kernel each around the decode kernels.  The
+ * f16x2 kernel (::KIVI_ATTENTION_FAST) sums products in fp16 with an error that grows with
+ * sum |q_c k_c|, which a rotation raises for keys with outlier channels (up to 4.5e-3 of
+ * max |output| measured, 1.9e-3 without rotation); ::KIVI_ATTENTION_FP32 is unaffected. */
+typedef enum kivi_rotation {
+  KIVI_ROTATE_NONE = 0, /**< keys and values stored as given */
+  KIVI_ROTATE_K = 1,    /**< keys (and queries) rotated */
+  KIVI_ROTATE_V = 2,    /**< values rotated, outputs rotated back */
+  KIVI_ROTATE_KV = 3    /**< both */
+} kivi_rotation;
 
 #define KIVI_MAX_ASYNC_LANES 8 /**< the largest kivi_cache_config::async_lanes */
 
 /** Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, fast attention,
- * pool_tokens 0, async_lanes 1, reserved members 0.  Does nothing for NULL. */
+ * pool_tokens 0, async_lanes 1, no rotation, reserved members 0.  Does nothing for NULL. */
 KIVI_API void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads,
                                      int head_dim, int max_seqs, int max_seq_len);
 
 /** Checks a config without allocating.
  * @return ::KIVI_OK; ::KIVI_ERR_ARG for a NULL config, a count or size out of range, an unknown
- *         attention mode or a non-zero reserved member; ::KIVI_ERR_UNSUPPORTED for bits, group,
- *         residual or head_dim values this library does not implement.
+ *         attention mode or rotation, or a non-zero reserved member; ::KIVI_ERR_UNSUPPORTED for
+ *         bits, group, residual or head_dim values this library does not implement, and for a
+ *         rotation with a head_dim that is not a power of two.
  * kivi_cache_config_reason() names the rule that failed. */
 KIVI_API kivi_status kivi_cache_config_check(const kivi_cache_config *cfg);
 

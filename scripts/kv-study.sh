@@ -20,7 +20,9 @@ k4v2-r64|--k-bits 4 --v-bits 2 --residual 64|4 2 32 64 0
 k4v2-g64|--k-bits 4 --v-bits 2 --group 64|4 2 64 128 0
 k2v4|--k-bits 2 --v-bits 4|2 4 32 128 0
 kivi2-g64|--kv kivi2 --group 64|2 2 64 128 0
-kivi2-edge1|--kv kivi2 --edge-layers 1 --edge-k-bits 4|2 2 32 128 1"
+kivi2-edge1|--kv kivi2 --edge-layers 1 --edge-k-bits 4|2 2 32 128 1
+kivi2-rotkv|--kv kivi2 --rotate kv|2 2 32 128 0
+k4v2-rotkv|--k-bits 4 --v-bits 2 --rotate kv|4 2 32 128 0"
 # bits per element at L tokens (docs/FORMAT.md): K: the first L - L mod R tokens quantized with an
 # fp16 scale and zero per G tokens of a channel; V: all but the last R with an fp16 scale and zero
 # per G channels of a token; the rest fp16 (block tables and lengths are below 0.01 bit)

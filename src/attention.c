@@ -310,10 +310,12 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t D = (size_t)c->cfg.head_dim, nq = (size_t)n_seqs * n_q_heads * D;
   const size_t osz = out_dtype == KIVI_F16 ? 2 : 4;
   const size_t host_io = mem == KIVI_MEM_HOST ? pad16(nq * 4) + pad16(nq * osz) : 0;
+  const int rk = c->cfg.rotate & KIVI_ROTATE_K, rv = c->cfg.rotate & KIVI_ROTATE_V;
+  const size_t rot_io = (rk ? pad16(nq * 4) : 0) + (rv ? pad16(nq * 4) : 0); /* rotated q, fp32 output */
   const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads, 1);
   const int lane = kivi_lane_of(c, layer, 1); /* decode calls run on their layer's lane */
   kivi_scratch *work = &kivi_lane_at(c, lane)->work;
-  if (kivi_async_reserve(c, work, host_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
+  if (kivi_async_reserve(c, work, host_io + rot_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
@@ -325,9 +327,16 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
     dq = (const float *)w;
     dout = w + pad16(nq * 4);
   }
-  st = run_rows(c, layer, n_seqs, hd, &pl, n_q_heads, dq, NULL, NULL, scale, dout, out_dtype == KIVI_F16,
-                NULL, w + host_io, async, lane);
+  const int64_t nvq = (int64_t)n_seqs * n_q_heads;
+  float *rq = (float *)(w + host_io), *ro = (float *)(w + host_io + (rk ? pad16(nq * 4) : 0));
+  if (rk) { /* a rotated cache: W q */
+    kivi_rotate_rows(c, dq, KIVI_F32, rq, KIVI_F32, nvq, 1, async, lane);
+    dq = rq;
+  }
+  st = run_rows(c, layer, n_seqs, hd, &pl, n_q_heads, dq, NULL, NULL, scale, rv ? ro : dout,
+                !rv && out_dtype == KIVI_F16, NULL, w + host_io + rot_io, async, lane);
   free(hd);
+  if (!st && rv) kivi_rotate_rows(c, ro, KIVI_F32, dout, out_dtype, nvq, 1, async, lane); /* rotated back */
   if (!st && mem == KIVI_MEM_HOST && get_output(c, async, lane, out, dout, nq * osz)) st = KIVI_ERR_DEVICE;
   if (async) ++c->pending;
   return st;
@@ -378,10 +387,13 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t D = (size_t)c->cfg.head_dim, H = (size_t)c->cfg.n_kv_heads;
   const size_t nq = (size_t)rows * n_q_heads * D, nkv = (size_t)rows * H * D, nl = (size_t)rows * n_q_heads;
   const size_t host_io = mem == KIVI_MEM_HOST ? 2 * pad16(nq * 4) + 2 * pad16(nkv * 4) + pad16(nl * 4) : 0;
+  const int rk = c->cfg.rotate & KIVI_ROTATE_K, rv = c->cfg.rotate & KIVI_ROTATE_V;
+  /* a rotated cache: W q and W k_new (keys), W v_new and the fp32 output (values) */
+  const size_t rot_io = (rk ? pad16(nq * 4) + pad16(nkv * 4) : 0) + (rv ? pad16(nkv * 4) + pad16(nq * 4) : 0);
   const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads, 0);
   const int lane = kivi_lane_of(c, layer, 0); /* extend calls run off the lanes */
   kivi_scratch *work = &kivi_lane_at(c, lane)->work;
-  if (kivi_async_reserve(c, work, host_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
+  if (kivi_async_reserve(c, work, host_io + rot_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {
     free(hd);
     return KIVI_ERR_NOMEM;
   }
@@ -402,8 +414,26 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
       return st;
     }
   }
-  st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, dout, 0, dlse, w + host_io, async, lane);
+  unsigned char *rp = w + host_io;
+  float *ro = NULL;
+  if (rk) {
+    float *rq = (float *)rp, *rkn = (float *)(rp + pad16(nq * 4));
+    rp += pad16(nq * 4) + pad16(nkv * 4);
+    kivi_rotate_rows(c, dq, KIVI_F32, rq, KIVI_F32, (int64_t)rows * n_q_heads, 1, async, lane);
+    kivi_rotate_rows(c, dk, KIVI_F32, rkn, KIVI_F32, (int64_t)rows * H, 1, async, lane);
+    dq = rq;
+    dk = rkn;
+  }
+  if (rv) {
+    float *rvn = (float *)rp;
+    ro = (float *)(rp + pad16(nkv * 4));
+    kivi_rotate_rows(c, dv, KIVI_F32, rvn, KIVI_F32, (int64_t)rows * H, 1, async, lane);
+    dv = rvn;
+  }
+  st = run_rows(c, layer, (int)rows, hd, &pl, n_q_heads, dq, dk, dv, scale, rv ? ro : dout, 0, dlse,
+                w + host_io + rot_io, async, lane);
   free(hd);
+  if (!st && rv) kivi_rotate_rows(c, ro, KIVI_F32, dout, KIVI_F32, (int64_t)rows * n_q_heads, 1, async, lane);
   if (!st && mem == KIVI_MEM_HOST &&
       (get_output(c, async, lane, out, dout, nq * 4) || (lse && get_output(c, async, lane, lse, dlse, nl * 4))))
     st = KIVI_ERR_DEVICE;

@@ -32,6 +32,7 @@
 
 #include "internal.h"
 #include "kernels_attn.h"
+#include "rotate.h"
 
 #if KIVI_HAVE_OFFLOAD && defined(__clang__)
 #include <math.h>
@@ -493,6 +494,19 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
 #undef F16_NH
 }
 
+int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
+                         int rotate, int async, int lane) {
+  const int D = c->cfg.head_dim, dev = c->ctx->device, st = (int)src_t, dt = (int)dst_t;
+  const float norm = kivi_rotate_norm(D);
+  const int64_t nb = (nvec + FNW - 1) / FNW;
+  if (nb > INT32_MAX) return -1;
+  const int nblk = (int)nb;
+#define KIVI_REGION_FILE "rotate_gpu.inc"
+#include "region_twice.inc"
+#undef KIVI_REGION_FILE
+  return 0;
+}
+
 #else /* no offload: never eligible */
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   (void)c;
@@ -508,6 +522,11 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
 int kivi_gpu_f16_eligible(const kivi_cache *c) {
   (void)c;
   return 0;
+}
+int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
+                         int rotate, int async, int lane) {
+  (void)c; (void)src; (void)src_t; (void)dst; (void)dst_t; (void)nvec; (void)rotate; (void)async; (void)lane;
+  return -1;
 }
 void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                          int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,

@@ -61,6 +61,8 @@ static kivi_status config_verdict(const kivi_cache_config *c, const char **why) 
   KIVI_RULE(c->attention != KIVI_ATTENTION_FAST && c->attention != KIVI_ATTENTION_FP32, KIVI_ERR_ARG,
             "attention must be KIVI_ATTENTION_FAST or KIVI_ATTENTION_FP32");
   KIVI_RULE(c->async_lanes < 0 || c->async_lanes > KIVI_MAX_ASYNC_LANES, KIVI_ERR_ARG, "async_lanes must be 0..8");
+  KIVI_RULE(c->rotate < KIVI_ROTATE_NONE || c->rotate > KIVI_ROTATE_KV, KIVI_ERR_ARG,
+            "rotate must be KIVI_ROTATE_NONE, _K, _V or _KV");
   int reserved_set = 0;
   for (size_t i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; ++i) reserved_set |= c->reserved[i] != 0;
   KIVI_RULE(reserved_set, KIVI_ERR_ARG, "reserved members must be zero (start from kivi_cache_config_init)");
@@ -72,6 +74,8 @@ static kivi_status config_verdict(const kivi_cache_config *c, const char **why) 
   KIVI_RULE(c->head_dim % c->group, KIVI_ERR_UNSUPPORTED, "group must divide head_dim");
   KIVI_RULE(c->residual % c->group || c->residual > KIVI_MAX_RESIDUAL, KIVI_ERR_UNSUPPORTED,
             "residual must be a multiple of group, at most 1024");
+  KIVI_RULE(c->rotate && (c->head_dim & (c->head_dim - 1)), KIVI_ERR_UNSUPPORTED,
+            "rotate needs a power-of-two head_dim (32, 64, 128 or 256)");
 #undef KIVI_RULE
   *why = "";
   return KIVI_OK;
@@ -107,6 +111,7 @@ void kivi_cache_destroy(kivi_cache *c) {
     kivi_scratch_free(ctx, &c->lanes[i].stage);
     kivi_scratch_free(ctx, &c->lanes[i].work);
     kivi_scratch_free(ctx, &c->lanes[i].cnt);
+    kivi_scratch_free(ctx, &c->lanes[i].rot);
   }
   free(c->bt_host);
   free(c->len);
@@ -349,6 +354,19 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   if (total == 0) return KIVI_OK;
   if (!k || !v) return KIVI_ERR_ARG;
   if (need_blocks > c->n_free) return KIVI_ERR_CAPACITY;
+  /* A rotated cache appends rotated fp16 copies of host inputs (made here, copied into the
+   * call's image below) and of device inputs (made on the device, below). */
+  const size_t nvec = (size_t)total * c->cfg.n_kv_heads;
+  const int rot = c->cfg.rotate;
+  uint16_t *rot_host = NULL;
+  if (rot && mem == KIVI_MEM_HOST) {
+    if (!(rot_host = malloc(nvec * c->cfg.head_dim * 2 * 2))) return KIVI_ERR_NOMEM;
+    kivi_rotate_host(k, dtype, rot_host, (int64_t)nvec, D, rot & KIVI_ROTATE_K);
+    kivi_rotate_host(v, dtype, rot_host + nvec * D, (int64_t)nvec, D, rot & KIVI_ROTATE_V);
+    k = rot_host;
+    v = rot_host + nvec * D;
+    dtype = KIVI_F16;
+  }
 
   /* Host state first: the new blocks (handed back below if anything fails). */
   const kivi_context *ctx = c->ctx;
@@ -374,11 +392,21 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX &&
                     n_seqs <= KIVI_APPEND_FUSED_SEQS;
   const int lane = kivi_lane_of(c, layer, fused);
-  kivi_scratch *stage = &kivi_lane_at(c, lane)->stage;
-  if (!img || kivi_async_reserve(c, stage, sdesc + 2 * f16 + nvx)) {
+  kivi_scratch *stage = &kivi_lane_at(c, lane)->stage, *rst = &kivi_lane_at(c, lane)->rot;
+  if (!img || kivi_async_reserve(c, stage, sdesc + 2 * f16 + nvx) ||
+      (rot && mem == KIVI_MEM_DEVICE && kivi_async_reserve(c, rst, 2 * f16))) {
     free(img);
+    free(rot_host);
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NOMEM;
+  }
+  if (rot && mem == KIVI_MEM_DEVICE) { /* before this call's kernels, on its lane */
+    uint16_t *rk = rst->p, *rv = rk + f16 / 2;
+    kivi_rotate_rows(c, k, dtype, rk, KIVI_F16, (int64_t)nvec, rot & KIVI_ROTATE_K, async, lane);
+    kivi_rotate_rows(c, v, dtype, rv, KIVI_F16, (int64_t)nvec, rot & KIVI_ROTATE_V, async, lane);
+    k = rk;
+    v = rv;
+    dtype = KIVI_F16;
   }
   int64_t *col[D_NCOLS];
   for (int j = 0; j < D_NCOLS; ++j) col[j] = (int64_t *)img + (size_t)j * n_seqs;
@@ -408,9 +436,11 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   if (mem == KIVI_MEM_HOST &&
       (copy_finite(img + head, k, nel, dtype) | copy_finite(img + head + nel * esz, v, nel, dtype))) {
     free(img);
+    free(rot_host);
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NONFINITE;
   }
+  free(rot_host); /* copied into the image */
   const int64_t call_id = ++c->next_id;
   if (async && (kivi_async_keep(c, img) || kivi_async_log_append(c, call_id, layer, n_seqs, seq_ids, n_new))) {
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);

@@ -79,6 +79,7 @@ typedef struct kivi_lane {
                          the one-kernel append's V bounds per (sequence, kv-head) */
   kivi_scratch work;  /* attention: q, partials, outputs */
   kivi_scratch cnt;   /* attention: arrival counters of the split groups (kept zero) */
+  kivi_scratch rot;   /* rotated caches: the append's rotated fp16 K and V (device inputs) */
 } kivi_lane;
 
 struct kivi_cache {
@@ -239,6 +240,19 @@ int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int
                           int64_t *flag, int64_t call_id, int async, int lane);
 int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nvq, const uint16_t *src,
                             int32_t *vsc, int64_t *flag, int64_t call_id, int async, int lane);
+
+/* Rotated caches (rotate.c, kivi_cache_config.rotate).  kivi_rotate_rows: dst = W src for nvec
+ * head vectors (rotate != 0), or src converted (rotate = 0), on the cache's device, as a region
+ * of the call's run mode and lane (region_twice.inc); src of dtype src_t (f32, f16, bf16), dst
+ * f32 or f16; in place where src == dst with the same type.  kivi_rotate_host: the same on the
+ * host, to fp16. */
+void kivi_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
+                      int rotate, int async, int lane);
+void kivi_rotate_host(const void *src, kivi_dtype src_t, uint16_t *dst, int64_t nvec, int D, int rotate);
+/* attention_gpu.c: kivi_rotate_rows on a GPU context as one ompx_bare kernel (a warp per
+ * vector); 0, or -1 where it launched nothing (builds without offload). */
+int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
+                         int rotate, int async, int lane);
 
 /* Export blob size of a (sequence, layer) of length L; import of such a blob (cache.c). */
 size_t kivi_export_size(const kivi_cache *c, int64_t L);

@@ -90,7 +90,7 @@ echo "ppl --batch 3: $(ppl batch3), as one window at a time"
 # the device path on host threads is slow), within PPL_DEVICE_REL
 PPL_DEVICE_REL=0.001
 "$b/examples/llm/kivi_gguf_cut${EXEEXT:-}" "$model" "$tmp/cut2.gguf" --layers 2 >/dev/null
-# (and both with K and V Hadamard-rotated, --rotate kv: each model rotates on its own side)
+# (and both with K and V Hadamard-rotated by the cache, --rotate kv)
 for rot in "" kv; do
   for f in host device; do
     "$run" ppl "$text" --model "$tmp/cut2.gguf" --kv kivi2 --ctx 64 --max-tokens 64 --forward $f \
@@ -104,6 +104,22 @@ for rot in "" kv; do
     if (!(r < t && r > -t)) { print "FAIL: the device model differs from the host model"; exit 1 }
   }'
 done
+
+# the cache's rotation (kivi_cache_config.rotate, the default of --rotate) against the model
+# rotating K, q and V itself around a plain cache (--rotate-by model): the same fp32 operations in
+# the same order (kivi.h), so the same perplexity within PPL_ROTATE_BY_REL; 384 tokens, so that
+# quantized blocks (R = 128) take part
+PPL_ROTATE_BY_REL=0.000001
+for by in cache model; do
+  "$run" ppl "$text" --model "$tmp/cut2.gguf" --kv kivi2 --ctx 384 --max-tokens 384 --forward host --rotate kv \
+    --rotate-by $by --quiet --json "$tmp/ppl-rot-$by.json"
+  grep -q "by the $by" "$tmp/ppl-rot-$by.json" || { echo "FAIL: --rotate-by $by did not choose who rotates"; exit 1; }
+done
+awk -v c="$(ppl rot-cache)" -v m="$(ppl rot-model)" -v t="$PPL_ROTATE_BY_REL" 'BEGIN {
+  r = (c - m) / m;
+  printf "ppl (2 layers, 384 tokens, kivi2, --rotate kv): rotated by the cache %.6f, by the model %.6f (%+.1e, bound %.0e)\n", c, m, r, t;
+  if (!(r <= t && r >= -t)) { print "FAIL: the cache rotation differs from the model rotation"; exit 1 }
+}'
 
 if python3 -c "import numpy" 2>/dev/null; then
   python3 "$s/scripts/check_model_ref.py" "$run" "$model" "$text" 128

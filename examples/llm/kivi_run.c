@@ -27,11 +27,13 @@
 #include "../kivi_cli.h"
 
 enum { FWD_AUTO, FWD_HOST, FWD_DEVICE };
+enum { ROT_BY_AUTO, ROT_BY_CACHE, ROT_BY_MODEL };
 
 typedef struct options {
   const char *cmd, *model, *json, *prompt, *prompt_file, *prompts, *text_file, *kv, *lengths, *system;
   int k_bits, v_bits, group, residual, chunk, device, quiet, raw;
   int fake, k_per_token, v_per_channel, sink, pre_rope, rotate;
+  int rotate_by; /* ROT_BY_*: who rotates for --rotate */
   int max_tokens, ctx, trials;
   int batch; /* ppl: windows run together */
   int score_half; /* ppl --score second-half: llama-perplexity's scoring */
@@ -74,6 +76,8 @@ static const char usage_text[] =
         "                     before the rotary embedding\n"
         "  --rotate v|k|kv    an orthonormal Hadamard transform of each V and/or K head vector before\n"
         "                     it is cached (q rotated alike, outputs rotated back; head_dim 2^n)\n"
+        "  --rotate-by cache|model   who rotates: the cache (kivi_cache_config.rotate; the default)\n"
+        "                     or the model around it (the only way with --fake-quant)\n"
         "  --chunk N          tokens per forward step for prompts and ppl (32; a divisor of R keeps\n"
         "                     the quantized cache exactly as token-by-token decoding would see it)\n"
         "  --device default|host|N   where the cache and attention run (default: the GPU if any)\n"
@@ -144,7 +148,7 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--edge-k-bits")) iv = &o->edge_k_bits;
     else if (!strcmp(a, "--edge-v-bits")) iv = &o->edge_v_bits;
     else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") || !strcmp(a, "--score") ||
-             !strcmp(a, "--rotate") || !strcmp(a, "--forward") ||
+             !strcmp(a, "--rotate") || !strcmp(a, "--rotate-by") || !strcmp(a, "--forward") ||
              !strcmp(a, "--temperature") || !strcmp(a, "--seed")) {
       if (!val) goto missing;
       ++i;
@@ -152,6 +156,10 @@ static int parse_args(int argc, char **argv, options *o) {
         if (!strcmp(val, "auto")) o->forward = FWD_AUTO;
         else if (!strcmp(val, "host")) o->forward = FWD_HOST;
         else if (!strcmp(val, "device")) o->forward = FWD_DEVICE;
+        else goto bad;
+      } else if (!strcmp(a, "--rotate-by")) {
+        if (!strcmp(val, "cache")) o->rotate_by = ROT_BY_CACHE;
+        else if (!strcmp(val, "model")) o->rotate_by = ROT_BY_MODEL;
         else goto bad;
       } else if (!strcmp(a, "--rotate")) {
         if (strcmp(val, "v") && strcmp(val, "k") && strcmp(val, "kv")) goto bad;
@@ -317,6 +325,15 @@ static int runner_start(runner *r, int max_len) {
   if (r->n_seqs < 1) r->n_seqs = 1;
   kivi_cache_config_init(&r->cfg, m->n_layers, m->n_kv_heads, m->head_dim, r->n_seqs, max_len);
   if (cache_setting(&r->o, &r->cfg, r->setting, sizeof r->setting, &r->kbits, &r->vbits)) return -1;
+  /* --rotate: by the cache's option unless simulated (--fake-quant) or asked of the model */
+  if (r->o.rotate_by == ROT_BY_CACHE && r->o.fake) {
+    fprintf(stderr, "kivi-run: --fake-quant simulates the cache: --rotate-by model\n");
+    return -1;
+  }
+  const int by_cache = r->o.rotate && r->o.rotate_by != ROT_BY_MODEL && !r->o.fake;
+  if (by_cache)
+    r->cfg.rotate = (r->o.rotate & LLM_ROTATE_K ? KIVI_ROTATE_K : 0) | (r->o.rotate & LLM_ROTATE_V ? KIVI_ROTATE_V : 0);
+  const int model_rotate = by_cache ? 0 : r->o.rotate;
   if (create_cache(r->ctx, &r->cfg, &r->cache, r->setting)) return -1;
   if (r->o.edge_layers > 0) { /* the first and last layers in a cache of their own widths */
     if (2 * r->o.edge_layers >= m->n_layers || r->o.fake) {
@@ -336,7 +353,7 @@ static int runner_start(runner *r, int max_len) {
     return -1;
   }
   llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel, r->o.sink,
-                       r->o.pre_rope, r->o.rotate};
+                       r->o.pre_rope, model_rotate};
   if (r->o.pre_rope && (r->o.rotate & LLM_ROTATE_K)) {
     fprintf(stderr, "kivi-run: --pre-rope quantizes keys before RoPE, --rotate k after it: choose one\n");
     return -1;
@@ -346,8 +363,9 @@ static int runner_start(runner *r, int max_len) {
     return -1;
   }
   if (r->o.rotate)
-    setting_add(r, ", Hadamard-rotated %s",
-                r->o.rotate == LLM_ROTATE_V ? "V" : r->o.rotate == LLM_ROTATE_K ? "K" : "K and V");
+    setting_add(r, ", Hadamard-rotated %s by the %s",
+                r->o.rotate == LLM_ROTATE_V ? "V" : r->o.rotate == LLM_ROTATE_K ? "K" : "K and V",
+                by_cache ? "cache" : "model");
   if (r->o.fake && (r->kbits > 8 || r->vbits > 8 || r->kbits < 1 || r->vbits < 1)) {
     fprintf(stderr, "kivi-run: --fake-quant needs K/V bits of 1..8\n");
     return -1;
@@ -372,7 +390,7 @@ static int runner_start(runner *r, int max_len) {
       fprintf(stderr, "kivi-run: model on the device: %s\n", err);
       return -1;
     }
-    r->dm.rotate = r->o.rotate;
+    r->dm.rotate = model_rotate;
     const int rows = r->o.chunk * r->n_seqs;
     if (llm_dev_batch_init(&r->db, &r->dm, rows, r->n_seqs, rows)) {
       fprintf(stderr, "kivi-run: out of device memory for the activations\n");

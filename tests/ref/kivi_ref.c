@@ -183,3 +183,27 @@ void ref_attention(int T, int H, int HQ, int D, const double *k, const double *v
   }
   free(s);
 }
+
+void ref_rotate_f32(float *x, int D) {
+  for (int h = 1; h < D; h *= 2)
+    for (int i = 0; i < D; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  const float norm = 1.0f / sqrtf((float)D);
+  for (int i = 0; i < D; ++i) x[i] *= norm;
+}
+
+void ref_rotate(double *x, int D) {
+  /* W x = (1 / sqrt(D)) sum_j (-1)^popcount(i & j) x_j, straight from the definition */
+  double *y = malloc(sizeof(double) * (size_t)D);
+  for (int i = 0; i < D; ++i) {
+    double s = 0.0;
+    for (int j = 0; j < D; ++j) s += __builtin_popcount((unsigned)(i & j)) & 1 ? -x[j] : x[j];
+    y[i] = s / sqrt((double)D);
+  }
+  memcpy(x, y, sizeof(double) * (size_t)D);
+  free(y);
+}

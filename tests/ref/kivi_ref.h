@@ -30,4 +30,10 @@ void ref_dequant_export(const ref_geom *g, int L, const unsigned char *exp, doub
 void ref_attention(int T, int H, int HQ, int D, const double *k, const double *v, const float *q,
                    double scale, double *out, double *lse);
 
+/* The rotation of kivi_cache_config.rotate: W x, W the orthonormal Walsh-Hadamard matrix of
+ * order D (a power of two, Sylvester's order), in place.  ref_rotate_f32: in fp32 in the order
+ * kivi.h defines (what a rotated cache rounds to fp16); ref_rotate: in double. */
+void ref_rotate_f32(float *x, int D);
+void ref_rotate(double *x, int D);
+
 #endif
