@@ -19,7 +19,9 @@
  * synchronous calls and with the asynchronous ones (one wait per step).  --quick: small shapes
  * for CI on the host.  --stream: the decode calls on a cache with a CUDA stream of its own
  * (kivi_cache_set_stream; each synchronous call enqueues and waits).  --rotate: every cache with
- * kivi_cache_config.rotate (the cost of the rotation option; the reference rotates too).  --sweep adds step time vs
+ * kivi_cache_config.rotate (the cost of the rotation option; the reference rotates too).
+ * --v-bits B: the 2- and 4-bit rows' values at B bits (mixed widths: K4 V2 with 2).  --fp32:
+ * every cache with KIVI_ATTENTION_FP32 (the portable kernel).  --sweep adds step time vs
  * context length (B = 1, 32 heads, S = 1k .. 64k; 1k .. 4k with --quick) for fp16, 2-bit and
  * 4-bit, the data of scripts/plot_bench.py. */
 #include <math.h>
@@ -36,7 +38,7 @@
 static const char bench_usage[] =
     "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
     "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts] [--stack LAYERS]\n"
-    "                  [--stream] [--rotate k|v|kv] [--help] [--version]\n"
+    "                  [--stream] [--rotate k|v|kv] [--v-bits 2|4] [--fp32] [--help] [--version]\n"
     "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
     "results against a double-precision reference, and prints one table line per shape (stdout,\n"
     "flushed as it goes; progress on stderr).  On host threads the default shapes are reduced.\n";
@@ -72,6 +74,8 @@ typedef struct shape { int B, H, S; } shape;
 
 static kivi_context *ctx;
 static int on_gpu, reps = 20, use_stream, rotate_opt; /* rotate_opt: kivi_cache_config.rotate of every cache */
+static int v_bits_opt; /* --v-bits: the quantized caches' value width (0: the keys')  */
+static int attention_opt = KIVI_ATTENTION_FAST; /* --fp32: KIVI_ATTENTION_FP32 */
 
 /* Fills B sequences of S tokens (fp16 input from device memory, 4096-token chunks of random
  * data reused along the sequence) and returns the cache.  k0/v0 receive sequence 0's tokens. */
@@ -81,6 +85,7 @@ static kivi_cache *fill(int B, int H, int D, int S, int kb, int vb, float **k0, 
   cfg.k_bits = kb;
   cfg.v_bits = vb;
   cfg.rotate = rotate_opt;
+  cfg.attention = attention_opt;
   kivi_cache *c = NULL;
   TRY(kivi_cache_create(ctx, &cfg, &c));
   const int chunk = S < 4096 ? S : 4096;
@@ -203,19 +208,20 @@ static void decode_shape(int B, int HQ, int HK, int D, int S, FILE *js, int *fir
   kivi_cache_destroy(c16);
   for (int bi = 0; bi < 2; ++bi) {
     float *k0, *v0;
-    kivi_cache *c = fill(B, HK, D, S, bits[bi], bits[bi], &k0, &v0);
+    const int vb = v_bits_opt ? v_bits_opt : bits[bi];
+    kivi_cache *c = fill(B, HK, D, S, bits[bi], vb, &k0, &v0);
     const double t = time_decode(c, B, HQ, D, q, out);
     const size_t b = cache_bytes(c, B);
-    const double err = check_seq0(c, HK, HQ, D, S, bits[bi], bits[bi], q, out);
+    const double err = check_seq0(c, HK, HQ, D, S, bits[bi], vb, q, out);
     printf("%5d %4d %7d %5d | %10.1f %9.1f %8.1f | %10.1f %8.1f | %6.2fx %9.2e\n", B, HQ, S, bits[bi], t * 1e6,
            b / 1e6, b / t / 1e9, t16 * 1e6, b16 / t16 / 1e9, t16 / t, err);
     if (js)
       fprintf(js,
-              "%s    {\"bits\": %d, \"group\": 32, \"residual\": 128, \"batch\": %d, \"n_q_heads\": %d, "
+              "%s    {\"bits\": %d, \"v_bits\": %d, \"group\": 32, \"residual\": 128, \"batch\": %d, \"n_q_heads\": %d, "
               "\"n_kv_heads\": %d, \"seq_len\": %d, \"head_dim\": %d, \"device\": \"%s\", \"time_us\": %.3f, "
               "\"bytes_read\": %zu, \"gbps\": %.3f, \"rel_err_vs_ref\": %.3e, \"fp16_time_us\": %.3f, "
               "\"fp16_bytes_read\": %zu}",
-              *first ? "" : ",\n", bits[bi], B, HQ, HK, S, D, on_gpu ? "gpu" : "host", t * 1e6, b, b / t / 1e9, err,
+              *first ? "" : ",\n", bits[bi], vb, B, HQ, HK, S, D, on_gpu ? "gpu" : "host", t * 1e6, b, b / t / 1e9, err,
               t16 * 1e6, b16);
     *first = 0;
     kivi_cache_destroy(c);
@@ -248,6 +254,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) kv_heads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) head_dim = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layouts")) layouts = 1;
+    else if (!strcmp(argv[i], "--fp32")) attention_opt = KIVI_ATTENTION_FP32;
+    else if (!strcmp(argv[i], "--v-bits") && i + 1 < argc && (atoi(argv[i + 1]) == 2 || atoi(argv[i + 1]) == 4))
+      v_bits_opt = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rotate") && i + 1 < argc &&
              (!strcmp(argv[i + 1], "k") || !strcmp(argv[i + 1], "v") || !strcmp(argv[i + 1], "kv"))) {
       ++i;

@@ -176,8 +176,8 @@ typedef enum kivi_dtype {
 
 /** Which attention kernel a cache may use. */
 typedef enum kivi_attention_mode {
-  KIVI_ATTENTION_FAST = 0, /**< fastest kernel available: on a GPU, for 2-bit or 4-bit K/V (the same for
-                              both), head_dim 128, G = 32 and R a power of two >= 32, an f16x2
+  KIVI_ATTENTION_FAST = 0, /**< fastest kernel available: on a GPU, for 2-bit or 4-bit keys and values
+                              (each: K4 V2 too), head_dim 128, G = 32 and R a power of two >= 32, an f16x2
                               kernel (fp16-attention accuracy: about 1e-3 of max |output|; the
                               logits within 2^10 of a split's maximum are computed again in fp32,
                               so sharp attention holds that too, except on its GQA variant, up to
@@ -387,7 +387,7 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 #define KIVI_KERNEL_GPU_F16X2 2u /**< the GPU f16x2 kernel (::KIVI_ATTENTION_FAST, 2- or 4-bit, head_dim 128,
                                   * G 32): a whole decode call, or the quantized part of an extend call */
 #define KIVI_KERNEL_GPU_GQA 4u   /**< with ::KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core
-                                  * variant for 4 query heads per kv-head, one block per (row, kv-head,
+                                  * variant for keys and values of one width and 4 query heads per kv-head, one block per (row, kv-head,
                                   * split), chosen for 32 or more (row, kv-head) pairs whose blocks fill the GPU */
 #define KIVI_KERNEL_GPU_F16 8u   /**< the GPU kernel of 16-bit (fp16) caches in decode calls (::KIVI_ATTENTION_FAST,
                                   * head_dim 64 or 128, R a power of two >= 32): tensor cores, fp32

@@ -243,7 +243,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
    * 132); elsewhere the per-head kernel was faster on the H200 (docs/PERF.md, round 8) */
   const int nkv = c->cfg.n_kv_heads;
   const int64_t pairs = (int64_t)rows * nkv;
-  const int gqa = fast && HQ == KIVI_GQA_NH * nkv && pairs >= KIVI_GQA_MIN_PAIRS &&
+  const int gqa = fast && c->cfg.k_bits == c->cfg.v_bits && HQ == KIVI_GQA_NH * nkv && pairs >= KIVI_GQA_MIN_PAIRS &&
                   pairs * ((maxbeg + 511) / 512) >= 2 * KIVI_FAST_SMS;
   /* shorter fast splits when few blocks would leave SMs idle */
   const int nhb = gqa ? nkv : HQ; /* blocks per row and split */

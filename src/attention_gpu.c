@@ -1,6 +1,7 @@
-/* GPU fast path of the fused attention: CUDA-like `ompx_bare` kernels for 2-bit or 4-bit
- * caches (keys and values the same width) with head_dim 128 and G = 32 (the paper's KIVI-2 and
- * KIVI-4 configurations): the per-head f16x2 kernel (attention_fast.inc, below) and, for 4
+/* GPU fast path of the fused attention: CUDA-like `ompx_bare` kernels for caches of 2-bit or
+ * 4-bit keys and values with head_dim 128 and G = 32 (the paper's KIVI-2 and KIVI-4
+ * configurations, and mixed widths such as K4 V2): the per-head f16x2 kernel
+ * (attention_fast.inc, below) and, for keys and values of one width, 4
  * query heads per kv-head and enough (row, kv-head) pairs (plan_call in attention.c), the GQA
  * kernel (attention_gqa.inc: one block per (row, kv-head, split), tensor-core MMA).  The
  * per-head kernel covers the first
@@ -415,8 +416,8 @@ static int gpu_kernel_geometry(const kivi_cache *c) {
 
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   const kivi_cache_config *f = &c->cfg;
-  return gpu_kernel_geometry(c) && (f->k_bits == 2 || f->k_bits == 4) && f->v_bits == f->k_bits && f->head_dim == FD &&
-         f->group == 32;
+  return gpu_kernel_geometry(c) && (f->k_bits == 2 || f->k_bits == 4) && (f->v_bits == 2 || f->v_bits == 4) &&
+         f->head_dim == FD && f->group == 32;
 }
 
 /* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
@@ -454,7 +455,7 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   const int nblk = rows * HQ * nsf;
   if (nblk <= 0) return;
 #define KIVI_REGION_FILE "attention_fast.inc"
-#include "region_bits.inc"
+#include "region_kv_bits.inc"
 #undef KIVI_REGION_FILE
 }
 

@@ -142,25 +142,27 @@ static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed)
 }
 
 START_TEST(decode_boundary_lengths) {
-  /* 2-bit (_i = 0) and 4-bit (_i = 1): on a GPU both take the fast path, whose tail block sees
-   * every case: no quantized token (1 .. 128), values quantized for fewer than 32 tokens (129),
-   * none left over after whole grains (160), no fp16 key (256 = 2R) */
-  const int b = _i ? 4 : 2;
-  const acase a = {128, 2, 2, b, b, 32, 128, 0};
+  /* K and V 2-bit (_i = 0), 4-bit (1), K4 V2 (2), K2 V4 (3): on a GPU all take the fast path
+   * (the per-head kernel takes mixed widths), whose tail block sees every case: no quantized
+   * token (1 .. 128), values quantized for fewer than 32 tokens (129), none left over after
+   * whole grains (160), no fp16 key (256 = 2R) */
+  const int kb = _i == 0 || _i == 3 ? 2 : 4, vb = _i == 0 || _i == 2 ? 2 : 4;
+  const acase a = {128, 2, 2, kb, vb, 32, 128, 0};
   const int len[] = {1, 5, 127, 128, 129, 32, 2 * 128 + 32 + 3, 1500, 160, 256};
   decode_case(&a, 10, len, 1 + (uint64_t)_i);
 }
 END_TEST
 
 /* Small and large values (the GPU fast path keeps its f16 operands in range from the cache's
- * exponent bounds of the V scales and zeros, whatever they are), 2- and 4-bit. */
+ * exponent bounds of the V scales and zeros, whatever they are), 2- and 4-bit, and K4 V2. */
 START_TEST(decode_magnitudes) {
   const float mags[] = {1e-3f, 100.0f};
   const int len[] = {700, 300, 129};
-  for (int b = 2; b <= 4; b += 2)
+  const int widths[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* K, V bits */
+  for (int w = 0; w < 3; ++w)
     for (int i = 0; i < 2; ++i) {
-      const acase a = {128, 2, 4, b, b, 32, 128, mags[i]};
-      decode_case(&a, 3, len, 500 + (uint64_t)(b + i));
+      const acase a = {128, 2, 4, widths[w][0], widths[w][1], 32, 128, mags[i]};
+      decode_case(&a, 3, len, 500 + (uint64_t)(widths[w][0] + widths[w][1] + i));
     }
 }
 END_TEST
@@ -538,7 +540,7 @@ int main(void) {
   Suite *s = suite_create("attention");
   TCase *tc = tcase_create("attention");
   tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_loop_test(tc, decode_boundary_lengths, 0, 2);
+  tcase_add_loop_test(tc, decode_boundary_lengths, 0, 4);
   tcase_add_test(tc, decode_gqa_ratios);
   tcase_add_test(tc, decode_magnitudes);
   tcase_add_test(tc, extend_chunked_prefill);
