@@ -3,7 +3,7 @@
  *
  *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
  *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts]
- *              [--stack LAYERS] [--stream]
+ *              [--stack LAYERS] [--stream] [--prompt P]
  *
  * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
  * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
@@ -23,7 +23,11 @@
  * --v-bits B: the 2- and 4-bit rows' values at B bits (mixed widths: K4 V2 with 2).  --fp32:
  * every cache with KIVI_ATTENTION_FP32 (the portable kernel).  --sweep adds step time vs
  * context length (B = 1, 32 heads, S = 1k .. 64k; 1k .. 4k with --quick) for fp16, 2-bit and
- * 4-bit, the data of scripts/plot_bench.py. */
+ * 4-bit, the data of scripts/plot_bench.py.  --prompt P: the prompt's attention instead, one
+ * kivi_attention_extend of P new tokens on an empty cache (q, k_new, v_new fp32 in device
+ * memory), for the layouts 32/32 and 32/8 (head_dim 128) and 9/3 (head_dim 64), with
+ * KIVI_ATTENTION_FAST (on a GPU: the new tokens' tensor-core kernel) and KIVI_ATTENTION_FP32 (the
+ * portable kernel), checked on three rows against the double reference. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +42,7 @@
 static const char bench_usage[] =
     "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
     "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts] [--stack LAYERS]\n"
-    "                  [--stream] [--rotate k|v|kv] [--v-bits 2|4] [--fp32] [--help] [--version]\n"
+    "                  [--stream] [--rotate k|v|kv] [--v-bits 2|4] [--fp32] [--prompt P] [--help] [--version]\n"
     "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
     "results against a double-precision reference, and prints one table line per shape (stdout,\n"
     "flushed as it goes; progress on stderr).  On host threads the default shapes are reduced.\n";
@@ -232,12 +236,102 @@ static void decode_shape(int B, int HQ, int HK, int D, int S, FILE *js, int *fir
   free(out);
 }
 
+/* One extend call of P new tokens (a prompt) on an empty 2-bit cache of attention mode `mode`,
+ * HQ query heads over HK kv-heads of head_dim D, inputs in device memory: median seconds of n
+ * calls; *err: the largest error of rows 0, P / 2 and P - 1 against the double reference. */
+static double time_prompt(int mode, int HQ, int HK, int D, int P, int n, const float *q, const float *k,
+                          const float *v, double *err, unsigned *kernels) {
+  kivi_cache_config cfg;
+  kivi_cache_config_init(&cfg, 1, HK, D, 1, P);
+  cfg.attention = mode;
+  kivi_cache *c;
+  TRY(kivi_cache_create(ctx, &cfg, &c));
+  const size_t nq = (size_t)P * HQ * D, nk = (size_t)P * HK * D;
+  void *dq, *dk, *dv, *dout;
+  TRY(kivi_context_alloc(ctx, nq * 4, &dq));
+  TRY(kivi_context_alloc(ctx, nk * 4, &dk));
+  TRY(kivi_context_alloc(ctx, nk * 4, &dv));
+  TRY(kivi_context_alloc(ctx, nq * 4, &dout));
+  TRY(kivi_context_upload(ctx, dq, q, nq * 4));
+  TRY(kivi_context_upload(ctx, dk, k, nk * 4));
+  TRY(kivi_context_upload(ctx, dv, v, nk * 4));
+  const int id = 0;
+  const float scale = 1.0f / sqrtf((float)D);
+  double *t = malloc(sizeof(double) * (size_t)(n + 1));
+  for (int i = 0; i <= n; ++i) { /* the first call grows the scratch buffers */
+    const double t0 = now_s();
+    TRY(kivi_attention_extend(c, 0, 1, &id, &P, HQ, dq, dk, dv, scale, dout, NULL, KIVI_MEM_DEVICE));
+    t[i] = now_s() - t0;
+  }
+  TRY(kivi_cache_last_kernels(c, kernels));
+  qsort(t + 1, (size_t)n, sizeof(double), cmp_double);
+  const double med = t[1 + n / 2];
+  float *out = malloc(nq * 4);
+  TRY(kivi_context_download(ctx, out, dout, nq * 4));
+  double *kd = malloc(sizeof(double) * nk), *vd = malloc(sizeof(double) * nk), *ref = malloc(sizeof(double) * HQ * D);
+  for (size_t i = 0; i < nk; ++i) {
+    kd[i] = k[i];
+    vd[i] = v[i];
+  }
+  const int rows[3] = {0, P / 2, P - 1};
+  double num = 0, den = 0;
+  for (int ri = 0; ri < 3; ++ri) {
+    const size_t r = (size_t)rows[ri];
+    ref_attention(rows[ri] + 1, HK, HQ, D, kd, vd, q + r * HQ * D, scale, ref, NULL);
+    for (int i = 0; i < HQ * D; ++i) {
+      num = fmax(num, fabs(out[r * HQ * D + i] - ref[i]));
+      den = fmax(den, fabs(ref[i]));
+    }
+  }
+  *err = num / den;
+  free(kd); free(vd); free(ref); free(out); free(t);
+  kivi_context_free(ctx, dq);
+  kivi_context_free(ctx, dk);
+  kivi_context_free(ctx, dv);
+  kivi_context_free(ctx, dout);
+  kivi_cache_destroy(c);
+  return med;
+}
+
+/* The prompt table (--prompt P): the layouts' extend calls, fast and fp32 mode side by side. */
+static void prompt_table(int P, FILE *js) {
+  const int lay[3][3] = {{32, 32, 128}, {32, 8, 128}, {9, 3, 64}};
+  printf("\nprompt attention: one extend call of %d new tokens on an empty cache, inputs fp32 in device memory, "
+         "median (fast: %d calls, fp32 mode: %d)\n", P, reps, reps < 3 ? reps : 3);
+  printf("%5s %5s %4s | %10s %8s %9s %6s | %10s %9s | %7s\n", "HQ", "HK", "D", "fast_ms", "TFLOP/s", "rel_err", "kern",
+         "fp32_ms", "rel_err", "speedup");
+  if (js) fprintf(js, "\n  ],\n  \"prompt\": [\n");
+  for (int li = 0; li < 3; ++li) {
+    const int HQ = lay[li][0], HK = lay[li][1], D = lay[li][2];
+    const size_t nq = (size_t)P * HQ * D, nk = (size_t)P * HK * D;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; ++i) q[i] = urand();
+    for (size_t i = 0; i < nk; ++i) {
+      k[i] = urand() * ((i % D) == 3 ? 8.0f : 1.0f);
+      v[i] = urand() + 0.25f * (float)((i % D) % 5);
+    }
+    double ef, ep;
+    unsigned kf, kp;
+    const double tf = time_prompt(KIVI_ATTENTION_FAST, HQ, HK, D, P, reps, q, k, v, &ef, &kf);
+    const double tp = time_prompt(KIVI_ATTENTION_FP32, HQ, HK, D, P, reps < 3 ? reps : 3, q, k, v, &ep, &kp);
+    const double flop = 4.0 * HQ * D * ((double)P * (P + 1) / 2); /* the causal products */
+    printf("%5d %5d %4d | %10.3f %8.1f %9.2e %#6x | %10.3f %9.2e | %6.1fx\n", HQ, HK, D, tf * 1e3, flop / tf / 1e12, ef,
+           kf, tp * 1e3, ep, tp / tf);
+    if (js)
+      fprintf(js, "%s    {\"tokens\": %d, \"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
+                  "\"device\": \"%s\", \"fast_ms\": %.4f, \"fast_kernels\": %u, \"fast_rel_err\": %.3e, "
+                  "\"fp32_ms\": %.4f, \"fp32_rel_err\": %.3e}",
+              li ? ",\n" : "", P, HQ, HK, D, on_gpu ? "gpu" : "host", tf * 1e3, kf, ef, tp * 1e3, ep);
+    free(q); free(k); free(v);
+  }
+}
+
 int main(int argc, char **argv) {
   const char *json_path = NULL;
   int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, skip_decode = 0, sweep = 0, stack_layers = 0;
   shape one = {0, 0, 0};
   int kv_heads = 0; /* --kv-heads: GQA, query heads = H of the shape */
-  int head_dim = 128, layouts = 0;
+  int head_dim = 128, layouts = 0, prompt = 0;
   const int info_rc = kivi_cli_info(argc, argv, "kivi-bench", kivi_version_string(), bench_usage);
   if (info_rc >= 0) return info_rc;
   for (int i = 1; i < argc; ++i) {
@@ -254,6 +348,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--kv-heads") && i + 1 < argc) kv_heads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) head_dim = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layouts")) layouts = 1;
+    else if (!strcmp(argv[i], "--prompt") && i + 1 < argc && atoi(argv[i + 1]) > 0) prompt = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--fp32")) attention_opt = KIVI_ATTENTION_FP32;
     else if (!strcmp(argv[i], "--v-bits") && i + 1 < argc && (atoi(argv[i + 1]) == 2 || atoi(argv[i + 1]) == 4))
       v_bits_opt = atoi(argv[++i]);
@@ -287,6 +382,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (js) fprintf(js, "{\n  \"library\": \"libkivi-omp %s\",\n  \"device\": \"%s\",\n  \"decode\": [\n", kivi_version_string(), dev);
+  if (prompt) { /* the prompt table alone */
+    prompt_table(prompt, js);
+    if (js) {
+      fprintf(js, "\n  ]\n}\n");
+      fclose(js);
+    }
+    kivi_context_destroy(ctx);
+    return 0;
+  }
 
   const shape full[] = {{1, 32, 4096}, {1, 32, 32768}, {8, 32, 4096}, {8, 32, 32768}, {32, 32, 4096}};
   const shape small[] = {{1, 4, 512}, {2, 4, 2048}, {4, 8, 1024}};

@@ -392,6 +392,10 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 #define KIVI_KERNEL_GPU_F16 8u   /**< the GPU kernel of 16-bit (fp16) caches in decode calls (::KIVI_ATTENTION_FAST,
                                   * head_dim 64 or 128, R a power of two >= 32): tensor cores, fp32
                                   * accumulation, q and p carried as two f16 parts (fp32-class accuracy) */
+#define KIVI_KERNEL_GPU_NEW 16u  /**< the GPU kernel of an extend call's new tokens (::KIVI_ATTENTION_FAST, head_dim
+                                  * 64 or 128): their causal attention among themselves from the fp32 inputs on the
+                                  * tensor cores, every operand in two f16 parts, fp32 accumulation (fp32-class
+                                  * accuracy); the cached tokens of the call go through the other kernels */
 /** The kernels (KIVI_KERNEL_* bits) that computed the cache's last successful attention call. */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
@@ -409,6 +413,9 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_decode(kivi_cache *cache, int
 /** Extend (chunked prefill): q_lens[i] >= 1 new tokens of sequence seq_ids[i] attend to the L
  * tokens already in the cache and, causally, to the new tokens given here in full precision
  * (new token j sees new tokens 0..j).  Call kivi_cache_append() with the same K/V afterwards.
+ * On a GPU with ::KIVI_ATTENTION_FAST and head_dim 64 or 128, the new tokens' part runs on the
+ * tensor cores at fp32-class accuracy (::KIVI_KERNEL_GPU_NEW); device-memory q, k_new and v_new
+ * must then be 16-byte aligned for it, or the call takes the portable kernel.
  * @param q             [sum q_lens][n_q_heads][head_dim] fp32
  * @param k_new,v_new   [sum q_lens][n_kv_heads][head_dim] fp32
  * @param out           [sum q_lens][n_q_heads][head_dim] fp32

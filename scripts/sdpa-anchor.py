@@ -1,19 +1,24 @@
 # fp16 attention decode anchor: PyTorch's scaled_dot_product_attention (cuDNN on an H200) on
 # the decode shapes of scripts/decode-table.sh, GPU time per call from CUDA events with the L2
 # flushed before each call (median of 20).  PyTorch is the anchor, never a dependency of the
-# library.  Usage: python3 scripts/sdpa-anchor.py OUT.json B,HQ,HK,D,S [B,HQ,HK,D,S ...]
+# library.  Usage: python3 scripts/sdpa-anchor.py [--causal] OUT.json B,HQ,HK,D,S [B,HQ,HK,D,S ...]
+# --causal: the prompt instead (S query tokens, causal mask: kivi-bench --prompt S's call).
 import json, sys
 import torch
 import torch.nn.functional as F
 
-out, shapes = sys.argv[1], [tuple(int(x) for x in a.split(',')) for a in sys.argv[2:]]
+causal = len(sys.argv) > 1 and sys.argv[1] == '--causal'
+args = sys.argv[2:] if causal else sys.argv[1:]
+out, shapes = args[0], [tuple(int(x) for x in a.split(',')) for a in args[1:]]
 flush = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device='cuda')
 res = []
 for B, HQ, HK, D, S in shapes:
-    q = torch.randn(B, HQ, 1, D, dtype=torch.float16, device='cuda')
+    q = torch.randn(B, HQ, S if causal else 1, D, dtype=torch.float16, device='cuda')
     k = torch.randn(B, HK, S, D, dtype=torch.float16, device='cuda')
     v = torch.randn(B, HK, S, D, dtype=torch.float16, device='cuda')
     kw = {} if HK == HQ else {'enable_gqa': True}
+    if causal:
+        kw['is_causal'] = True
     for _ in range(5):
         F.scaled_dot_product_attention(q, k, v, **kw)
     ts = []
@@ -28,9 +33,11 @@ for B, HQ, HK, D, S in shapes:
     ts.sort()
     med = ts[len(ts) // 2]
     nbytes = 2 * B * HK * S * D * 2
-    res.append({'batch': B, 'q_heads': HQ, 'kv_heads': HK, 'head_dim': D, 'seq_len': S, 'sdpa_us': round(med, 2),
-                'tb_s': round(nbytes / med / 1e6, 3)})
-    print(f"sdpa fp16 B={B} HQ={HQ} HK={HK} D={D} S={S}: {med:.1f} us  {nbytes / med / 1e6:.2f} TB/s", flush=True)
+    flop = 4.0 * B * HQ * D * S * (S + 1) / 2 if causal else 4.0 * B * HQ * D * S
+    res.append({'batch': B, 'q_heads': HQ, 'kv_heads': HK, 'head_dim': D, 'seq_len': S, 'causal': causal,
+                'sdpa_us': round(med, 2), 'tb_s': round(nbytes / med / 1e6, 3), 'tflop_s': round(flop / med / 1e6, 2)})
+    print(f"sdpa fp16{' causal' if causal else ''} B={B} HQ={HQ} HK={HK} D={D} S={S}: {med:.1f} us  "
+          f"{nbytes / med / 1e6:.2f} TB/s  {flop / med / 1e6:.1f} TFLOP/s", flush=True)
     del q, k, v
 json.dump({'torch': torch.__version__, 'device': torch.cuda.get_device_name(), 'backend_default': 'cuDNN (H200)',
            'shapes': res}, open(out, 'w'), indent=1)

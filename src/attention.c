@@ -81,7 +81,10 @@ typedef struct att_plan {
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
   int gqa;                           /* the fast path's GQA kernel (attention_gqa.inc) */
   int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
-  int64_t nslots;                    /* partials per (row, head): nf + nsplit, or nf + 1 fused */
+  int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 */
+  int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
+  int64_t new_pad;                   /* its staging rows (each sequence's new tokens padded to 32) */
+  int64_t nslots;                    /* partials per (row, head): nf + nsplit (+ 1 newk), or nf + 1 fused */
 } att_plan;
 
 static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, int on_gpu) {
@@ -122,6 +125,72 @@ static int get_output(kivi_cache *c, int async, int lane, void *dst, const void 
   if (async == KIVI_RUN_STREAM) return kivi_stream_get(c, dst, src, bytes);
   kivi_async_get(c, lane, dst, src, bytes);
   return 0;
+}
+
+/* The new tokens of an extend call on the GPU (att_plan.newk): the table of sequences and tiles
+ * (internal.h, kivi_gpu_extend_new), the tiles with the most keys first, and the launch; the
+ * staging buffers start at w (16-byte aligned), after the partials. */
+typedef struct new_tile {
+  int32_t row, n, seq, keys;
+} new_tile;
+static int new_tile_cmp(const void *a, const void *b) {
+  const new_tile *x = a, *y = b;
+  return (x->keys < y->keys) - (x->keys > y->keys);
+}
+static size_t new_stage_bytes(const kivi_cache *c, const att_plan *p) {
+  const size_t half = 2 * (size_t)c->cfg.n_kv_heads * p->new_pad * c->cfg.head_dim * 2;
+  return 2 * pad16(half) + pad16((size_t)c->cfg.n_kv_heads * (p->new_pad / 32) * 8);
+}
+static kivi_status run_new(kivi_cache *c, int rows, const int64_t *hd, const att_plan *pl, int HQ, const float *q,
+                           const float *kn, const float *vn, float qmul, unsigned char *st, float *part_o, float *part_ml,
+                           float *out, float *lse, int async, int lane) {
+  const int ns = pl->new_seqs, nt = pl->new_tiles;
+  const size_t ntab = 3 * (size_t)(ns + nt) + 2 * (size_t)(pl->new_pad / 32);
+  int32_t *tab = malloc(ntab * 4);
+  new_tile *tl = malloc(sizeof(new_tile) * (size_t)nt);
+  if (!tab || !tl) {
+    free(tab);
+    free(tl);
+    return KIVI_ERR_NOMEM;
+  }
+  int si = 0, ti = 0;
+  int64_t pofs = 0;
+  for (int r = 0; r < rows; ++si) { /* rows are grouped by sequence, new tokens in order */
+    int n = 1;
+    while (r + n < rows && hd[R_E * (int64_t)rows + r + n] == n + 1) ++n;
+    tab[3 * si] = r;
+    tab[3 * si + 1] = n;
+    tab[3 * si + 2] = (int32_t)pofs;
+    for (int j = 0; j < n; j += KIVI_NEW_TILE, ++ti) {
+      const int m = n - j < KIVI_NEW_TILE ? n - j : KIVI_NEW_TILE;
+      tl[ti] = (new_tile){r + j, m, si, j + m};
+    }
+    for (int j = 0; j < n; j += 32) { /* staging tiles */
+      int32_t *e = tab + 3 * (size_t)(ns + nt) + 2 * (size_t)((pofs + j) / 32);
+      e[0] = r + j;
+      e[1] = n - j < 32 ? n - j : 32;
+    }
+    pofs += (n + 31) / 32 * 32;
+    r += n;
+  }
+  qsort(tl, (size_t)nt, sizeof *tl, new_tile_cmp);
+  for (int i = 0; i < nt; ++i) {
+    tab[3 * (ns + i)] = tl[i].row;
+    tab[3 * (ns + i) + 1] = tl[i].n;
+    tab[3 * (ns + i) + 2] = tl[i].seq;
+  }
+  free(tl);
+  const int32_t *tk = async == KIVI_RUN_ENQUEUE ? kivi_async_keep_copy(c, tab, ntab * 4) : tab;
+  if (!tk) {
+    free(tab);
+    return KIVI_ERR_NOMEM;
+  }
+  const size_t half = 2 * (size_t)c->cfg.n_kv_heads * pl->new_pad * c->cfg.head_dim * 2;
+  kivi_gpu_extend_new(c, tk, ns, nt, pl->new_pad, HQ, q, kn, vn, qmul, (uint16_t *)st, (uint16_t *)(st + pad16(half)),
+                      (int32_t *)(st + 2 * pad16(half)), part_o, part_ml, pl->nslots, pl->nslots - 1, out, lse, async,
+                      lane);
+  free(tab);
+  return KIVI_OK;
 }
 
 /* Shared by decode and extend once the rows are described; q/k_new/v_new/out/lse are device
@@ -178,7 +247,12 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   }
   c->last_kernels = pl->f16 ? KIVI_KERNEL_GPU_F16
                             : (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (fastk ? KIVI_KERNEL_GPU_F16X2 : 0u) |
-                                  (fastk && pl->gqa ? KIVI_KERNEL_GPU_GQA : 0u);
+                                  (fastk && pl->gqa ? KIVI_KERNEL_GPU_GQA : 0u) | (pl->newk ? KIVI_KERNEL_GPU_NEW : 0u);
+  if (pl->newk) { /* the new tokens' partials (or, alone, the output) before the portable kernel combines */
+    unsigned char *stage = scratch + pad16((size_t)R_NCOLS * rows * 8) + pad16((size_t)rows * HQ * nslots * (D + 2) * 4);
+    const kivi_status nst = run_new(c, rows, hd, pl, HQ, q, kn, vn, qmul, stage, part_o, part_ml, (float *)out, lse, async, lane);
+    if (nst) return nst;
+  }
   if (nitems == 0) return KIVI_OK;
 
   const unsigned char *pool = c->pool;
@@ -186,6 +260,7 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const uint16_t *kres = c->kres, *vres = c->vres;
   const size_t sub = lay.sub_bytes, ksz_off = lay.ksz_off, vcode_off = lay.vcode_off, vsz_off = lay.vsz_off;
   const int kb = lay.kb, vb = lay.vb, kw = lay.kw, vw = lay.vw;
+  const int pe = !pl->newk; /* the portable kernel takes the new tokens too */
   const int dev = ctx->device, on_gpu = ctx->on_gpu;
   const int nteams = on_gpu ? (int)(nitems < 65536 ? nitems : 65536) : omp_get_max_threads();
   const int nthreads = on_gpu ? KIVI_ATT_NT : 1;
@@ -200,7 +275,7 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
  * The fast path covers floor(max(0, Lc - R) / KIVI_FAST_GRAIN) grains of a row, where its keys
  * and values are both quantized; in a decode call (no new tokens) it also takes the rest of
  * every row and the combine, and the portable kernel does not run. */
-static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int decode) {
+static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int decode, int newk) {
   if (decode && kivi_gpu_f16_eligible(c)) { /* the fp16 cache: one launch, nf splits of fs tokens */
     int64_t maxLc = 0;
     for (int r = 0; r < rows; ++r) {
@@ -231,7 +306,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   const int fast = kivi_gpu_fast_eligible(c), R = c->cfg.residual;
   int64_t maxbeg = 0, maxT = 0;
   for (int r = 0; r < rows; ++r) {
-    const int64_t Lc = hd[R_LC * (int64_t)rows + r], T = Lc + hd[R_E * (int64_t)rows + r];
+    const int64_t Lc = hd[R_LC * (int64_t)rows + r], T = Lc + (newk ? 0 : hd[R_E * (int64_t)rows + r]);
     const int64_t beg = fast && Lc > R ? (Lc - R) / KIVI_FAST_GRAIN * KIVI_FAST_GRAIN : 0;
     hd[R_BEG * (int64_t)rows + r] = beg;
     if (beg > maxbeg) maxbeg = beg;
@@ -269,7 +344,17 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   p.nf = nf;
   p.fused = fast && decode;
   if (p.fused) p.nsplit = p.nitems = 0;
-  p.nslots = p.nf + (p.fused ? 1 : p.nsplit);
+  p.newk = newk;
+  p.new_seqs = p.new_tiles = 0;
+  p.new_pad = 0;
+  if (newk)
+    for (int r = 0; r < rows; ++r) {
+      const int64_t e = hd[R_E * (int64_t)rows + r] - 1; /* the row's index among its sequence's new tokens */
+      p.new_seqs += e == 0;
+      p.new_tiles += e % KIVI_NEW_TILE == 0;
+      p.new_pad += e % 32 == 0 ? 32 : 0;
+    }
+  p.nslots = p.nf + (p.fused ? 1 : p.nsplit + newk);
   return p;
 }
 
@@ -287,7 +372,8 @@ static kivi_status check_common(const kivi_cache *c, int layer, int n_seqs, cons
 
 /* Device scratch for one call: descriptors, partials, and (host memory) staged inputs/outputs. */
 static size_t rows_scratch(const kivi_cache *c, int rows, int HQ, const att_plan *p) {
-  return pad16((size_t)R_NCOLS * rows * 8) + (size_t)rows * HQ * p->nslots * (c->cfg.head_dim + 2) * 4 + 16;
+  return pad16((size_t)R_NCOLS * rows * 8) + pad16((size_t)rows * HQ * p->nslots * (c->cfg.head_dim + 2) * 4) + 16 +
+         (p->newk ? new_stage_bytes(c, p) : 0);
 }
 
 static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, int n_q_heads,
@@ -312,7 +398,7 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t host_io = mem == KIVI_MEM_HOST ? pad16(nq * 4) + pad16(nq * osz) : 0;
   const int rk = c->cfg.rotate & KIVI_ROTATE_K, rv = c->cfg.rotate & KIVI_ROTATE_V;
   const size_t rot_io = (rk ? pad16(nq * 4) : 0) + (rv ? pad16(nq * 4) : 0); /* rotated q, fp32 output */
-  const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads, 1);
+  const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads, 1, 0);
   const int lane = kivi_lane_of(c, layer, 1); /* decode calls run on their layer's lane */
   kivi_scratch *work = &kivi_lane_at(c, lane)->work;
   if (kivi_async_reserve(c, work, host_io + rot_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
@@ -390,7 +476,10 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const int rk = c->cfg.rotate & KIVI_ROTATE_K, rv = c->cfg.rotate & KIVI_ROTATE_V;
   /* a rotated cache: W q and W k_new (keys), W v_new and the fp32 output (values) */
   const size_t rot_io = (rk ? pad16(nq * 4) + pad16(nkv * 4) : 0) + (rv ? pad16(nkv * 4) + pad16(nq * 4) : 0);
-  const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads, 0);
+  /* the new tokens on the GPU: inputs 16-byte aligned (host inputs are staged, aligned) */
+  const int newk = kivi_gpu_extend_eligible(c) &&
+                   (mem == KIVI_MEM_HOST || (((uintptr_t)q | (uintptr_t)k_new | (uintptr_t)v_new) & 15) == 0);
+  const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads, 0, newk);
   const int lane = kivi_lane_of(c, layer, 0); /* extend calls run off the lanes */
   kivi_scratch *work = &kivi_lane_at(c, lane)->work;
   if (kivi_async_reserve(c, work, host_io + rot_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {

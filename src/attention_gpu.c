@@ -361,6 +361,20 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 #ifndef KIVI_GQA_WARPS
 #define KIVI_GQA_WARPS 0
 #endif
+/* The new tokens of an extend call (attention_new.inc): the power-of-two exponent that brings a
+ * largest magnitude m below 2^15 (0 for m = 0, within fp32's exponents), and the two f16 parts
+ * of a pair of floats (hi = f16(x), lo = f16(x - hi), packed low = x0). */
+static inline int new_shift(float m) {
+  if (!(m > 0.0f)) return 0;
+  const int sh = 15 - fk_ceil_exp(m);
+  return sh > 120 ? 120 : sh < -120 ? -120 : sh;
+}
+static inline void new_split(float x0, float x1, uint32_t *hi, uint32_t *lo) {
+  float h0, h1;
+  *hi = f2h2(x0, x1);
+  h2f(*hi, &h0, &h1);
+  *lo = f2h2(x0 - h0, x1 - h1);
+}
 /* The combine of the nslots partials of (row, head) rh (head_dim D <= FNT) by the block that
  * arrived last; thread tid < D writes channel tid.  kivi_combine_item reads the slots one after the other, its part_o
  * load behind a branch on the slot's sum; here all threads compute the slots' weights
@@ -495,6 +509,30 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
 #undef F16_NH
 }
 
+int kivi_gpu_extend_eligible(const kivi_cache *c) {
+  return c->ctx->on_gpu && c->cfg.attention == KIVI_ATTENTION_FAST && (c->cfg.head_dim == 64 || c->cfg.head_dim == 128);
+}
+
+void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
+                         const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
+                         float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,
+                         int lane) {
+  const int H = c->cfg.n_kv_heads, dev = c->ctx->device, direct = nslots == 1, nmain = ntiles * HQ;
+  const int nprep = (int)(P / 32) * H;
+  const int64_t ntab = 3 * (int64_t)(nseq + ntiles) + 2 * (P / 32);
+#define KIVI_REGION_FILE "attention_new.inc"
+  if (c->cfg.head_dim == 64) {
+#define NEW_D 64
+#include "region_twice.inc"
+#undef NEW_D
+  } else {
+#define NEW_D 128
+#include "region_twice.inc"
+#undef NEW_D
+  }
+#undef KIVI_REGION_FILE
+}
+
 int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
                          int rotate, int async, int lane) {
   const int D = c->cfg.head_dim, dev = c->ctx->device, st = (int)src_t, dt = (int)dst_t;
@@ -523,6 +561,18 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
 int kivi_gpu_f16_eligible(const kivi_cache *c) {
   (void)c;
   return 0;
+}
+int kivi_gpu_extend_eligible(const kivi_cache *c) {
+  (void)c;
+  return 0;
+}
+void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
+                         const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
+                         float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,
+                         int lane) {
+  (void)c; (void)tab; (void)nseq; (void)ntiles; (void)P; (void)HQ; (void)q; (void)kn; (void)vn; (void)qmul; (void)kx;
+  (void)vx; (void)ex; (void)part_o; (void)part_ml; (void)nslots; (void)slot; (void)out; (void)lse; (void)async;
+  (void)lane;
 }
 int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
                          int rotate, int async, int lane) {
