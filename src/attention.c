@@ -476,9 +476,12 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const int rk = c->cfg.rotate & KIVI_ROTATE_K, rv = c->cfg.rotate & KIVI_ROTATE_V;
   /* a rotated cache: W q and W k_new (keys), W v_new and the fp32 output (values) */
   const size_t rot_io = (rk ? pad16(nq * 4) + pad16(nkv * 4) : 0) + (rv ? pad16(nkv * 4) + pad16(nq * 4) : 0);
-  /* the new tokens on the GPU: inputs 16-byte aligned (host inputs are staged, aligned) */
+  /* the new tokens on the GPU: inputs 16-byte aligned (host inputs are staged, aligned), and
+   * its grids (at most rows / 64 + n_seqs tiles per query head, rows / 32 + n_seqs staging
+   * tiles per kv-head) within int */
   const int newk = kivi_gpu_extend_eligible(c) &&
-                   (mem == KIVI_MEM_HOST || (((uintptr_t)q | (uintptr_t)k_new | (uintptr_t)v_new) & 15) == 0);
+                   (mem == KIVI_MEM_HOST || (((uintptr_t)q | (uintptr_t)k_new | (uintptr_t)v_new) & 15) == 0) &&
+                   (rows / 64 + n_seqs) * n_q_heads <= INT32_MAX && (rows / 32 + n_seqs) * (int64_t)H <= INT32_MAX;
   const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads, 0, newk);
   const int lane = kivi_lane_of(c, layer, 0); /* extend calls run off the lanes */
   kivi_scratch *work = &kivi_lane_at(c, lane)->work;

@@ -495,15 +495,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
 #define F16_NH KIVI_F16_NH
 #define F16_SPLIT KIVI_F16_SPLIT
 #define KIVI_REGION_FILE "attention_f16.inc"
-  if (c->cfg.head_dim == 64) {
-#define F16_D 64
-#include "region_twice.inc"
-#undef F16_D
-  } else {
-#define F16_D 128
-#include "region_twice.inc"
-#undef F16_D
-  }
+#include "region_d.inc"
 #undef KIVI_REGION_FILE
 #undef F16_SPLIT
 #undef F16_NH
@@ -521,15 +513,7 @@ void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles
   const int nprep = (int)(P / 32) * H;
   const int64_t ntab = 3 * (int64_t)(nseq + ntiles) + 2 * (P / 32);
 #define KIVI_REGION_FILE "attention_new.inc"
-  if (c->cfg.head_dim == 64) {
-#define NEW_D 64
-#include "region_twice.inc"
-#undef NEW_D
-  } else {
-#define NEW_D 128
-#include "region_twice.inc"
-#undef NEW_D
-  }
+#include "region_d.inc"
 #undef KIVI_REGION_FILE
 }
 
