@@ -25,10 +25,5 @@ void kivi_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *ds
 
 void kivi_rotate_host(const void *src, kivi_dtype src_t, uint16_t *dst, int64_t nvec, int D, int rotate) {
   const float norm = kivi_rotate_norm(D);
-  float x[KIVI_MAX_HEAD_DIM];
-  for (int64_t v = 0; v < nvec; ++v) {
-    for (int i = 0; i < D; ++i) x[i] = kivi_rotate_load(src, (int)src_t, v * D + i);
-    if (rotate) kivi_rotate_vec(x, D, norm);
-    for (int i = 0; i < D; ++i) dst[v * D + i] = kivi_f32_to_f16(x[i]);
-  }
+  for (int64_t v = 0; v < nvec; ++v) kivi_rotate_one(src, (int)src_t, dst, KIVI_F16, v, D, norm, rotate);
 }

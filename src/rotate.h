@@ -9,6 +9,7 @@
 
 #include "half.h"
 #include "kivi.h"
+#include "layout.h"
 
 #pragma omp declare target
 /* element i of an input of dtype t (KIVI_F32, KIVI_F16, KIVI_BF16), exactly, as fp32 */
@@ -27,6 +28,18 @@ static inline void kivi_rotate_vec(float *x, int D, float norm) {
         x[j + h] = a - b;
       }
   for (int i = 0; i < D; ++i) x[i] *= norm;
+}
+/* head vector v of src (dtype st) to dst (KIVI_F32 or KIVI_F16, dt): W x (rotate) or x; read
+ * whole before it is written, so src == dst (same type) is allowed */
+static inline void kivi_rotate_one(const void *src, int st, void *dst, int dt, int64_t v, int D, float norm,
+                                   int rotate) {
+  float x[KIVI_MAX_HEAD_DIM];
+  for (int i = 0; i < D; ++i) x[i] = kivi_rotate_load(src, st, v * D + i);
+  if (rotate) kivi_rotate_vec(x, D, norm);
+  if (dt == KIVI_F32)
+    for (int i = 0; i < D; ++i) ((float *)dst)[v * D + i] = x[i];
+  else
+    for (int i = 0; i < D; ++i) ((uint16_t *)dst)[v * D + i] = kivi_f32_to_f16(x[i]);
 }
 #pragma omp end declare target
 
