@@ -361,15 +361,15 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 #ifndef KIVI_GQA_WARPS
 #define KIVI_GQA_WARPS 0
 #endif
-/* The new tokens of an extend call (attention_new.inc): the power-of-two exponent that brings a
- * largest magnitude m below 2^15 (0 for m = 0, within fp32's exponents), and the two f16 parts
- * of a pair of floats (hi = f16(x), lo = f16(x - hi), packed low = x0). */
+/* The power-of-two exponent that brings a largest magnitude m below 2^15 (0 for m = 0, within
+ * fp32's exponents: the new tokens of an extend call, attention_new.inc), and the two f16 parts
+ * of a pair of floats (hi = f16(x), lo = f16(x - hi), packed low = x0: 22 bits of each). */
 static inline int new_shift(float m) {
   if (!(m > 0.0f)) return 0;
   const int sh = 15 - fk_ceil_exp(m);
   return sh > 120 ? 120 : sh < -120 ? -120 : sh;
 }
-static inline void new_split(float x0, float x1, uint32_t *hi, uint32_t *lo) {
+static inline void fk_hilo(float x0, float x1, uint32_t *hi, uint32_t *lo) {
   float h0, h1;
   *hi = f2h2(x0, x1);
   h2f(*hi, &h0, &h1);
