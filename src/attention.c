@@ -129,7 +129,7 @@ static int get_output(kivi_cache *c, int async, int lane, void *dst, const void 
 
 /* The new tokens of an extend call on the GPU (att_plan.newk): the table of sequences and tiles
  * (internal.h, kivi_gpu_extend_new), the tiles with the most keys first, and the launch; the
- * staging buffers start at w (16-byte aligned), after the partials. */
+ * staging buffers start at st (16-byte aligned), after the partials. */
 typedef struct new_tile {
   int32_t row, n, seq, keys;
 } new_tile;
@@ -137,9 +137,12 @@ static int new_tile_cmp(const void *a, const void *b) {
   const new_tile *x = a, *y = b;
   return (x->keys < y->keys) - (x->keys > y->keys);
 }
+/* staging: keys | values (each two f16 parts of H x new_pad x head_dim) | exponents */
+static size_t new_part_bytes(const kivi_cache *c, const att_plan *p) {
+  return pad16(2 * (size_t)c->cfg.n_kv_heads * p->new_pad * c->cfg.head_dim * 2);
+}
 static size_t new_stage_bytes(const kivi_cache *c, const att_plan *p) {
-  const size_t half = 2 * (size_t)c->cfg.n_kv_heads * p->new_pad * c->cfg.head_dim * 2;
-  return 2 * pad16(half) + pad16((size_t)c->cfg.n_kv_heads * (p->new_pad / 32) * 8);
+  return 2 * new_part_bytes(c, p) + pad16((size_t)c->cfg.n_kv_heads * (p->new_pad / 32) * 8);
 }
 static kivi_status run_new(kivi_cache *c, int rows, const int64_t *hd, const att_plan *pl, int HQ, const float *q,
                            const float *kn, const float *vn, float qmul, unsigned char *st, float *part_o, float *part_ml,
@@ -185,10 +188,9 @@ static kivi_status run_new(kivi_cache *c, int rows, const int64_t *hd, const att
     free(tab);
     return KIVI_ERR_NOMEM;
   }
-  const size_t half = 2 * (size_t)c->cfg.n_kv_heads * pl->new_pad * c->cfg.head_dim * 2;
-  kivi_gpu_extend_new(c, tk, ns, nt, pl->new_pad, HQ, q, kn, vn, qmul, (uint16_t *)st, (uint16_t *)(st + pad16(half)),
-                      (int32_t *)(st + 2 * pad16(half)), part_o, part_ml, pl->nslots, pl->nslots - 1, out, lse, async,
-                      lane);
+  const size_t part = new_part_bytes(c, pl);
+  kivi_gpu_extend_new(c, tk, ns, nt, pl->new_pad, HQ, q, kn, vn, qmul, (uint16_t *)st, (uint16_t *)(st + part),
+                      (int32_t *)(st + 2 * part), part_o, part_ml, pl->nslots, pl->nslots - 1, out, lse, async, lane);
   free(tab);
   return KIVI_OK;
 }
