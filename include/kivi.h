@@ -384,11 +384,14 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 /* Kernels that computed the last successful attention call of a cache (a bit mask), so a caller
  * can tell which code path and accuracy class produced a result. */
 #define KIVI_KERNEL_PORTABLE 1u  /**< the portable OpenMP kernel (GPU or host threads), fp32 */
-#define KIVI_KERNEL_GPU_F16X2 2u /**< the GPU f16x2 kernel (::KIVI_ATTENTION_FAST, 2- or 4-bit, head_dim 128,
-                                  * G 32): a whole decode call, or the quantized part of an extend call */
+#define KIVI_KERNEL_GPU_F16X2 2u /**< the GPU f16x2 kernels (::KIVI_ATTENTION_FAST, 2- or 4-bit keys and values,
+                                  * head_dim 64 or 128, G 32): a whole decode call, or the quantized part of an
+                                  * extend call */
 #define KIVI_KERNEL_GPU_GQA 4u   /**< with ::KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core
-                                  * variant for keys and values of one width and 4 query heads per kv-head, one block per (row, kv-head,
-                                  * split), chosen for 32 or more (row, kv-head) pairs whose blocks fill the GPU */
+                                  * variant, one block per (row, kv-head, chunk of up to 4 query heads, split):
+                                  * always at head_dim 64; at 128 for 3 or more query heads per kv-head in
+                                  * chunks at least 3/4 full, with 32 or more (row, kv-head, chunk) blocks per
+                                  * split that fill the GPU */
 #define KIVI_KERNEL_GPU_F16 8u   /**< the GPU kernel of 16-bit (fp16) caches in decode calls (::KIVI_ATTENTION_FAST,
                                   * head_dim 64 or 128, R a power of two >= 32): tensor cores, fp32
                                   * accumulation, q and p carried as two f16 parts (fp32-class accuracy) */

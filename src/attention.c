@@ -314,18 +314,20 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     if (beg > maxbeg) maxbeg = beg;
     if (T - beg > maxT) maxT = T - beg;
   }
-  /* the GQA kernel has a block per (row, kv-head, split), and the last block of a (row,
-   * kv-head) pair combines its 4 heads.  It is used where there are at least KIVI_GQA_MIN_PAIRS
-   * pairs and its blocks, with splits down to 512 tokens, fill the GPU (2 per SM of an H200's
-   * 132); elsewhere the per-head kernel was faster on the H200 (docs/PERF.md, round 8) */
-  const int nkv = c->cfg.n_kv_heads;
-  const int64_t pairs = (int64_t)rows * nkv;
-  const int gqa = fast && c->cfg.k_bits == c->cfg.v_bits && HQ == KIVI_GQA_NH * nkv && pairs >= KIVI_GQA_MIN_PAIRS &&
-                  pairs * ((maxbeg + 511) / 512) >= 2 * KIVI_FAST_SMS;
+  /* the GQA kernel has a block per (row, kv-head, chunk of 4 query heads, split), and the last
+   * block of a (row, kv-head, chunk) combines its heads.  At head_dim 128 it is used where there
+   * are at least KIVI_GQA_MIN_PAIRS such blocks per split and they, with splits down to 512
+   * tokens, fill the GPU (2 per SM of an H200's 132); elsewhere the per-head kernel was faster
+   * on the H200 (docs/PERF.md, round 8).  At head_dim 64 it is the only fast kernel. */
+  const int nkv = c->cfg.n_kv_heads, nqc = (HQ / nkv + KIVI_GQA_NH - 1) / KIVI_GQA_NH;
+  const int64_t units = (int64_t)rows * nkv * nqc;
+  const int gqa = fast && kivi_gpu_gqa_layout(c, HQ) &&
+                  (c->cfg.head_dim == 64 ||
+                   (units >= KIVI_GQA_MIN_PAIRS && units * ((maxbeg + 511) / 512) >= 2 * KIVI_FAST_SMS));
   /* shorter fast splits when few blocks would leave SMs idle */
-  const int nhb = gqa ? nkv : HQ; /* blocks per row and split */
+  const int nhb = gqa ? nkv * nqc : HQ; /* blocks per row and split */
   int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;
-  while (fs > 512 && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * KIVI_FAST_SMS) fs /= 2;
+  while (fs > (gqa ? KIVI_GQA_MIN_SPLIT : 512) && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * KIVI_FAST_SMS) fs /= 2;
   /* fold: in a fused per-head decode the tail block of each row may also take the row's last
    * split (it then starts at nf fs, not at beg), one block fewer per (row, head).  Done where
    * that saves a wave of resident blocks, e.g. (1 row, 32 heads, 8k tokens): 544 -> 512 blocks,

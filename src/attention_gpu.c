@@ -428,10 +428,19 @@ static int gpu_kernel_geometry(const kivi_cache *c) {
          c->lay.block_bytes <= UINT32_MAX;
 }
 
+/* head_dim 128: the per-head kernel and the GQA kernel; 64: the GQA kernel alone (not in
+ * KIVI_GQA_WARPS builds, whose GQA kernel takes head_dim 128 and equal widths only) */
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   const kivi_cache_config *f = &c->cfg;
   return gpu_kernel_geometry(c) && (f->k_bits == 2 || f->k_bits == 4) && (f->v_bits == 2 || f->v_bits == 4) &&
-         f->head_dim == FD && f->group == 32;
+         f->group == 32 && (f->head_dim == FD || (f->head_dim == 64 && !KIVI_GQA_WARPS));
+}
+
+int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ) {
+  const int H = c->cfg.n_kv_heads, gsz = HQ / H, nqc = (gsz + KIVI_GQA_NH - 1) / KIVI_GQA_NH;
+  if (!kivi_gpu_fast_eligible(c) || HQ % H) return 0;
+  if (KIVI_GQA_WARPS) return gsz == KIVI_GQA_NH && c->cfg.k_bits == c->cfg.v_bits;
+  return c->cfg.head_dim == 64 || gsz >= 3 * nqc;
 }
 
 /* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
@@ -454,15 +463,25 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   const size_t sub = c->lay.sub_bytes, ksz_off = c->lay.ksz_off, vcode_off = c->lay.vcode_off,
                vsz_off = c->lay.vsz_off;
   const int dev = c->ctx->device;
-  if (gqa) { /* one block per (row, kv-head, split) for the group's KIVI_GQA_NH query heads */
-    const int nblk = rows * H * nsf;
+  if (gqa) { /* one block per (row, kv-head, chunk of KIVI_GQA_NH query heads, split) */
+    const int nqc = (gsz + KIVI_GQA_NH - 1) / KIVI_GQA_NH, nblk = rows * H * nqc * nsf;
     if (nblk <= 0) return;
 #if KIVI_GQA_WARPS
 #define KIVI_REGION_FILE "attention_gqa_ws.inc"
+    (void)nqc;
+#include "region_bits.inc"
 #else
 #define KIVI_REGION_FILE "attention_gqa.inc"
+    if (c->cfg.head_dim == 64) {
+#define KIVI_RD 64
+#include "region_kv_bits.inc"
+#undef KIVI_RD
+    } else {
+#define KIVI_RD 128
+#include "region_kv_bits.inc"
+#undef KIVI_RD
+    }
 #endif
-#include "region_bits.inc"
 #undef KIVI_REGION_FILE
     return;
   }
@@ -544,6 +563,11 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
 }
 int kivi_gpu_f16_eligible(const kivi_cache *c) {
   (void)c;
+  return 0;
+}
+int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ) {
+  (void)c;
+  (void)HQ;
   return 0;
 }
 int kivi_gpu_extend_eligible(const kivi_cache *c) {

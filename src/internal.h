@@ -205,11 +205,18 @@ static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
 #define KIVI_FAST_SMS 132 /* the GPU the fast path's plans are tuned for: an H200's SMs */
 #define KIVI_FAST_WAVE (4 * KIVI_FAST_SMS) /* blocks of the per-head kernel resident at once */
 int kivi_gpu_fast_eligible(const kivi_cache *c);
-/* GQA with KIVI_GQA_NH query heads per kv-head: the fast path's tensor-core kernel takes one
- * block per (row, kv-head, split), splits of at most KIVI_GQA_SPLIT tokens */
+/* GQA: the fast path's tensor-core kernel takes one block per (row, kv-head, chunk of
+ * KIVI_GQA_NH query heads, split), splits of at most KIVI_GQA_SPLIT tokens */
 #define KIVI_GQA_NH 4
 #define KIVI_GQA_SPLIT 1024
-#define KIVI_GQA_MIN_PAIRS 32 /* (row, kv-head) pairs below which the per-head kernel runs */
+#ifndef KIVI_GQA_MIN_SPLIT
+#define KIVI_GQA_MIN_SPLIT 512 /* the shortest GQA split the plan cuts where blocks are few */
+#endif
+#define KIVI_GQA_MIN_PAIRS 32 /* (row, kv-head, chunk) blocks per split below which the per-head kernel runs */
+/* 1 where the GQA kernel takes HQ query heads over the cache's kv-heads: head_dim 64 (where it
+ * is the only fast kernel), or 128 with chunks at least 3/4 full (gsz >= 3 nqc: 3, 4, 6, 7, 8,
+ * 10, ... query heads per kv-head; elsewhere the per-head kernel does no more work) */
+int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ);
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                           int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);

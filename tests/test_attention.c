@@ -1,6 +1,7 @@
 /* Fused attention against a double-precision reference computed on the dequantized cache
  * (the export, dequantized by tests/ref).  Decode and extend, GQA ratios 1/3/4/8, ragged
- * batches, boundary lengths, chunked prefill, fp16 output, device pointers, D = 64/96/128. */
+ * batches, boundary lengths, chunked prefill, fp16 output, device pointers, D = 64/96/128; on a
+ * GPU each layout on the kernel that should take it. */
 #include "check_util.h"
 #include "ref/kivi_ref.h"
 
@@ -182,6 +183,10 @@ START_TEST(decode_gqa_ratios) {
       {128, 2, 4, 16, 16, 32, 128, 0},  /* the fp16 path */
       {128, 2, 6, 2, 2, 32, 32, 0},     /* the GPU fast path with the smallest window */
       {128, 1, 4, 2, 2, 32, 512, 0},    /* ... and a long one (a tail block of up to 543 tokens) */
+      {64, 3, 9, 2, 2, 32, 32, 1e-3f},  /* head_dim 64 (on a GPU the GQA kernel): smallest window, */
+      {64, 3, 9, 4, 4, 32, 32, 100.0f}, /* small and large values, */
+      {64, 3, 9, 4, 2, 32, 128, 0},     /* mixed widths */
+      {64, 3, 9, 2, 4, 32, 32, 0},
   };
   const int len[] = {700, 129, 1, 300};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) decode_case(&cases[i], 4, len, 100 + i);
@@ -310,8 +315,10 @@ START_TEST(extend_chunked_prefill) {
     const int n = P - p0 < chunk ? P - p0 : chunk;
     ck_assert_int_eq(kivi_attention_extend(chunked, 0, 1, &id, &n, a.HQ, q + qn * p0, k + row * p0, v + row * p0, scale,
                                            out + qn * p0, lse + (size_t)a.HQ * p0, KIVI_MEM_HOST), KIVI_OK);
-    extend_check(chunked, &a, 0, p0, n, q + qn * p0, k + row * p0, v + row * p0, out + qn * p0,
-                 lse + (size_t)a.HQ * p0, scale);
+    unsigned kernels = 0; /* on a GPU the cached tokens past the window take the GQA kernel */
+    ck_assert_int_eq(kivi_cache_last_kernels(chunked, &kernels), KIVI_OK);
+    (void)extend_check_tol(chunked, &a, 0, p0, n, q + qn * p0, k + row * p0, v + row * p0, out + qn * p0,
+                           lse + (size_t)a.HQ * p0, scale, kernel_tol(kernels, 0));
     ck_assert_int_eq(kivi_cache_append(chunked, 0, 1, &id, &n, k + row * p0, v + row * p0, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
   }
   /* one shot over the empty cache: the reference is plain fp32 attention, causal */
@@ -419,15 +426,16 @@ START_TEST(decode_f16_out_and_device_pointers) {
 }
 END_TEST
 
-/* Rows of the paper configurations (b-bit keys and values, D=128, G=32, R=128), H kv-heads and HQ
- * query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
+/* Rows of the paper configurations (kb-bit keys, vb-bit values, head_dim D, G=32, R=128), H
+ * kv-heads and HQ query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
  * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
  * set; the FP32 mode always runs the portable kernel. */
-static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int gqa, int sharp) {
-  const acase a = {128, H, HQ, b, b, 32, 128, 0};
+static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrows, const int *len, int gqa, int sharp) {
+  const acase a = {D, H, HQ, kb, vb, 32, 128, 0};
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, 1, a.H, a.D, nrows, 9216);
-  cfg.k_bits = cfg.v_bits = b;
+  cfg.k_bits = kb;
+  cfg.v_bits = vb;
   cfg.attention = mode ? KIVI_ATTENTION_FP32 : KIVI_ATTENTION_FAST;
   kivi_cache *c = NULL;
   ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &c), KIVI_OK);
@@ -445,7 +453,7 @@ static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len,
       for (int hq = 0; hq < a.HQ; ++hq)
         for (int d = 0; d < a.D; ++d)
           q[qn * s + (size_t)hq * a.D + d] = 1.5f * k[s][((size_t)(len[s] / 3) * a.H + hq / (a.HQ / a.H)) * a.D + d];
-  const float scale = 1.0f / sqrtf(128.0f);
+  const float scale = 1.0f / sqrtf((float)D);
   ck_assert_int_eq(kivi_attention_decode(c, 0, nrows, ids, a.HQ, q, scale, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
   unsigned kernels = 0;
   ck_assert_int_eq(kivi_cache_last_kernels(c, &kernels), KIVI_OK);
@@ -465,13 +473,15 @@ static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len,
     free(vd);
   }
   const double tol = kernel_tol(kernels, sharp);
-  printf("%d rows, %d-bit, %s mode%s, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, b,
-         mode ? "fp32" : "fast", sharp ? ", sharp" : "", a.HQ, a.H, kernel_name(kernels),
-         worst, tol);
+  printf("%d rows, D%d, K%d V%d, %s mode%s, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, D,
+         kb, vb, mode ? "fp32" : "fast", sharp ? ", sharp" : "", a.HQ, a.H, kernel_name(kernels), worst, tol);
   ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
   for (int s = 0; s < nrows; ++s) { free(k[s]); free(v[s]); }
   free(k); free(v); free(ids); free(q); free(out); free(ref);
   kivi_cache_destroy(c);
+}
+static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int gqa, int sharp) {
+  rows_case_d(128, b, b, mode, H, HQ, nrows, len, gqa, sharp);
 }
 
 /* Long rows: MHA-like 2 over 2 heads, 8 over 2 (8 row and kv-head pairs: the per-head kernel),
@@ -497,6 +507,29 @@ START_TEST(decode_gqa_many_rows) {
 }
 END_TEST
 
+/* The GQA kernel's chunks of 4 query heads, head_dim 64 and mixed widths, for K and V 2-bit
+ * (_i = 0), 4-bit (1), K4 V2 (2) and K2 V4 (3).  Head_dim 128: 28 over 4 (7 per kv-head: a chunk
+ * of 4 and one of 3, 32 (row, kv-head, chunk) blocks per split), 64 over 8 (two full chunks), 24
+ * over 8 (one chunk of 3); 40 over 8 (5 per kv-head: chunks less than 3/4 full) stays on the
+ * per-head kernel.  Head_dim 64, where the GQA kernel is the only fast kernel at any batch:
+ * SmolLM2's 9 over 3 (sharp attention too), MHA 4 over 4 (chunks of one head), 8 over 1 (two
+ * chunks), and one row. */
+START_TEST(decode_gqa_layouts) {
+  const int len[] = {5000, 2048 + 128 + 5, 300, 9000};
+  const int kb = _i == 0 || _i == 3 ? 2 : 4, vb = _i == 0 || _i == 2 ? 2 : 4;
+  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1, 0);
+  rows_case_d(128, kb, vb, 0, 8, 64, 4, len, 1, 0);
+  rows_case_d(128, kb, vb, 0, 8, 24, 4, len, 1, 0);
+  rows_case_d(128, kb, vb, 0, 8, 40, 4, len, 0, 0);
+  rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 1, 0);
+  rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 1, 1);
+  rows_case_d(64, kb, vb, 0, 4, 4, 4, len, 1, 0);
+  rows_case_d(64, kb, vb, 0, 1, 8, 4, len, 1, 0);
+  const int one[] = {700};
+  rows_case_d(64, kb, vb, 0, 3, 9, 1, one, 1, 0); /* one row: 3 blocks per split */
+}
+END_TEST
+
 /* 2 rows, 32 over 32 heads, 512-token splits: 64 x (8 splits + tail) = 576 blocks would take
  * two waves of the 528 an H200 holds at once, so the plan folds each row's last split into its
  * tail block (512 blocks).  Row 0's tail block then starts at 7 x 512 = 3584, before its
@@ -507,13 +540,12 @@ START_TEST(decode_folded_tail) {
 }
 END_TEST
 
-/* 9 rows x 32 query heads (over 2 kv-heads: the per-head kernel) of at most 4200 tokens: 288
- * (row, head) pairs, one 4096-token split each, and the fold gives each pair a single block that
+/* 9 rows x 32 query heads (MHA: the per-head kernel) of at most 4200 tokens: 288 (row, head) pairs, one 4096-token split each, and the fold gives each pair a single block that
  * takes its whole row and writes the output itself (no partials, no combine).  Rows shorter than
  * the fp16 window and than one key group are among them. */
 START_TEST(decode_single_block_rows) {
   const int len[] = {4200, 700, 1500, 3000, 150, 2500, 4000, 900, 3500};
-  rows_case(_i ? 4 : 2, 0, 2, 32, 9, len, 0, 0);
+  rows_case(_i ? 4 : 2, 0, 32, 32, 9, len, 0, 0);
 }
 END_TEST
 
@@ -526,8 +558,8 @@ END_TEST
  * and held to the class of the kernel that ran (kernel_tol): sharp attention included, the
  * f16x2 kernel holds FAST_REL_TOL because it computes the logits near the maximum again in fp32
  * (before that it reached 1.5e-2 there on the H200). */
-static double degenerate_case(int kb, int HQ, int L, int pattern) {
-  const acase a = {128, 2, HQ, kb, kb, 32, 128, 0};
+static double degenerate_case(int D, int kb, int HQ, int L, int pattern) {
+  const acase a = {D, 2, HQ, kb, kb, 32, 128, 0};
   kivi_cache *c = make_cache(&a, 1, 4096);
   float *k, *v;
   make_kv(&a, L, 1000 + (uint64_t)pattern, &k, &v);
@@ -556,8 +588,8 @@ static double degenerate_case(int kb, int HQ, int L, int pattern) {
   ref_attention(L, a.H, HQ, a.D, kd, vd, q, scale, ref, NULL);
   const double e = rel_err(out, ref, qn);
   const double tol = kernel_tol(kernels, pattern == 4);
-  printf("degenerate pattern %d, %d-bit, HQ %d, L %d (%s): rel err %.2e (tolerance %.0e)\n", pattern, kb, HQ, L,
-         kernel_name(kernels), e, tol);
+  printf("degenerate pattern %d, D%d, %d-bit, HQ %d, L %d (%s): rel err %.2e (tolerance %.0e)\n", pattern, D, kb,
+         HQ, L, kernel_name(kernels), e, tol);
   free(kd); free(vd); free(ref); free(k); free(v); free(q); free(out);
   kivi_cache_destroy(c);
   return e / tol;
@@ -569,8 +601,11 @@ START_TEST(decode_degenerate_groups) {
   for (int pattern = 0; pattern < 5; ++pattern)
     for (int kb = 2; kb <= 16; kb = kb == 2 ? 4 : kb + 12) /* 2, 4 and 16 (the fp16 cache) */
       for (int hq = 2; hq <= 8; hq *= 4)
-        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li)
-          worst = fmax(worst, degenerate_case(kb, hq, lens[li], pattern));
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li) {
+          worst = fmax(worst, degenerate_case(128, kb, hq, lens[li], pattern));
+          if (kb == 2 || kb == 4) /* head_dim 64 (the GQA kernel on a GPU): 6 and 24 query heads over 2 */
+            worst = fmax(worst, degenerate_case(64, kb, 3 * hq, lens[li], pattern));
+        }
   ck_assert_msg(worst <= 1.0, "a degenerate case's error is %.2f x its tolerance", worst);
 }
 END_TEST
@@ -636,6 +671,7 @@ int main(void) {
   tcase_add_test(tc, decode_f16_out_and_device_pointers);
   tcase_add_loop_test(tc, decode_long_rows_both_modes, 0, 2);
   tcase_add_loop_test(tc, decode_gqa_many_rows, 0, 2);
+  tcase_add_loop_test(tc, decode_gqa_layouts, 0, 4);
   tcase_add_loop_test(tc, decode_folded_tail, 0, 2);
   tcase_add_loop_test(tc, decode_single_block_rows, 0, 2);
   tcase_add_test(tc, decode_degenerate_groups);
