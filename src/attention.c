@@ -284,7 +284,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
       hd[R_BEG * (int64_t)rows + r] = 0;
       if (hd[R_LC * (int64_t)rows + r] > maxLc) maxLc = hd[R_LC * (int64_t)rows + r];
     }
-    const int H = c->cfg.n_kv_heads, nqc = (HQ / H + KIVI_F16_NH - 1) / KIVI_F16_NH;
+    const int H = c->cfg.n_kv_heads, nqc = kivi_head_chunks(HQ / H, KIVI_F16_NH);
     /* about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM), splits of 256 to
      * KIVI_F16_SPLIT tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them where the
      * split length allows (the last block of a (row, chunk) combines its splits alone:
@@ -319,7 +319,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
    * are at least KIVI_GQA_MIN_PAIRS such blocks per split and they, with splits down to 512
    * tokens, fill the GPU (2 per SM of an H200's 132); elsewhere the per-head kernel was faster
    * on the H200 (docs/PERF.md, round 8).  At head_dim 64 it is the only fast kernel. */
-  const int nkv = c->cfg.n_kv_heads, nqc = (HQ / nkv + KIVI_GQA_NH - 1) / KIVI_GQA_NH;
+  const int nkv = c->cfg.n_kv_heads, nqc = kivi_head_chunks(HQ / nkv, KIVI_GQA_NH);
   const int64_t units = (int64_t)rows * nkv * nqc;
   const int gqa = fast && kivi_gpu_gqa_layout(c, HQ) &&
                   (c->cfg.head_dim == 64 ||

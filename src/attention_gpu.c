@@ -437,7 +437,7 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
 }
 
 int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ) {
-  const int H = c->cfg.n_kv_heads, gsz = HQ / H, nqc = (gsz + KIVI_GQA_NH - 1) / KIVI_GQA_NH;
+  const int H = c->cfg.n_kv_heads, gsz = HQ / H, nqc = kivi_head_chunks(gsz, KIVI_GQA_NH);
   if (!kivi_gpu_fast_eligible(c) || HQ % H) return 0;
   if (KIVI_GQA_WARPS) return gsz == KIVI_GQA_NH && c->cfg.k_bits == c->cfg.v_bits;
   return c->cfg.head_dim == 64 || gsz >= 3 * nqc;
@@ -464,7 +464,7 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
                vsz_off = c->lay.vsz_off;
   const int dev = c->ctx->device;
   if (gqa) { /* one block per (row, kv-head, chunk of KIVI_GQA_NH query heads, split) */
-    const int nqc = (gsz + KIVI_GQA_NH - 1) / KIVI_GQA_NH, nblk = rows * H * nqc * nsf;
+    const int nqc = kivi_head_chunks(gsz, KIVI_GQA_NH), nblk = rows * H * nqc * nsf;
     if (nblk <= 0) return;
 #if KIVI_GQA_WARPS
 #define KIVI_REGION_FILE "attention_gqa_ws.inc"
@@ -504,7 +504,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int32_t *bt = c->bt;
   const uint16_t *kres = c->kres, *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, nqc = (gsz + KIVI_F16_NH - 1) / KIVI_F16_NH, Rm = R - 1, lr = kivi_log2up(R);
+  const int gsz = HQ / H, nqc = kivi_head_chunks(gsz, KIVI_F16_NH), Rm = R - 1, lr = kivi_log2up(R);
   const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_f16_eligible */
   const size_t sub = c->lay.sub_bytes;
   const unsigned vcode_off = (unsigned)c->lay.vcode_off;

@@ -9,8 +9,8 @@
  *   5. quantize the values that leave the window, positions [max(0, L-R), max(0, L'-R));
  *   6. write the new tokens that stay fp16 into the rings (after 4 and 5 read the old slots).
  * Every quantized group reads fp16 values of the same tokens whatever the split, so the packed
- * bytes do not depend on how the tokens arrive.  On a GPU a small call (a decode step) does 2-6
- * in one kernel (append_fast.inc); otherwise kernel 1 does 2, kernel 2a does 4, kernel 2b does
+ * bytes do not depend on how the tokens arrive.  On a GPU a small call (at most R tokens per
+ * sequence, at most 64 sequences: a decode step) does 2-6 in one kernel (append_fast.inc); otherwise kernel 1 does 2, kernel 2a does 4, kernel 2b does
  * 5, kernel 3 does 6 (cache_append.inc). */
 #include <omp.h>
 #include <stdlib.h>
@@ -146,7 +146,9 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
   c->vexp = kivi_dev_alloc(ctx, (size_t)NL * cfg->n_kv_heads * 2 * 4);
-  const size_t nflag = (size_t)NL + KIVI_MAX_ASYNC_LANES;
+  /* flags: [layer], then each lane's arrival counter, then each lane's V bounds of the
+   * one-kernel append ([H][2] int32 in H values) */
+  const size_t nflag = (size_t)NL + KIVI_MAX_ASYNC_LANES * (1 + (size_t)cfg->n_kv_heads);
   c->aflag = kivi_dev_alloc(ctx, nflag * sizeof *c->aflag);
   c->bt_host = malloc(bt_n * 4);
   c->len = calloc((size_t)S * NL, 4);
@@ -233,9 +235,9 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 #define KIVI_APPEND_FUSED 0
 #endif
 #define KIVI_APPEND_NT 128 /* threads per block of the one-kernel append */
-#define KIVI_APPEND_U 8    /* window-copy items per thread of its commit, loads first */
 #define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
-#define KIVI_APPEND_FUSED_SEQS 64 /* and sequences */
+#define KIVI_APPEND_FUSED_SEQS 64 /* and sequences: at 390 and 1,024 sequences (H200, Llama-2-7B
+                                     shape) it was slower than the four kernels */
 #define KIVI_APPEND_VCHUNK 8 /* tokens per item of the larger appends' value quantization (kernel 2b) */
 
 #pragma omp declare target
@@ -378,22 +380,26 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
 
   /* One host image per call, [descriptor | block-table updates | raw K | raw V], copied in with
    * the first kernel's launch (host inputs are copied into it: one transfer instead of
-   * several).  Device stage: [descriptor copy | fp16 K | fp16 V | V bounds]: kernel 1 fills the
-   * fp16 K and V of all new tokens, or with a direct input (cache_append.inc) of the window's. */
+   * several).  Device stage: [descriptor copy | fp16 K | fp16 V | V bounds or commit marks | (the
+   * one-kernel append) backup of K and V ring slots]: kernel 1 fills the fp16 K and V of all new
+   * tokens, or with a direct input (cache_append.inc) of the window's. */
   const size_t nel = (size_t)total * H * D, esz = dtype_size(dtype);
   const size_t n_desc = (size_t)D_NCOLS * n_seqs, n_bt = (size_t)need_blocks;
   const size_t head = ((n_desc + 2 * n_bt) * 8 + 15) & ~(size_t)15;
   const size_t raw = mem == KIVI_MEM_HOST ? (2 * nel * esz + 15) & ~(size_t)15 : 0;
   const size_t f16 = (nel * 2 + 15) & ~(size_t)15, sdesc = (n_desc * 8 + 15) & ~(size_t)15;
   unsigned char *img = malloc(head + raw);
-  const size_t nvx = (size_t)n_seqs * H * 2 * 4; /* the one-kernel append's V bounds per pair */
-  /* the one-kernel append: its last block writes every pair's new window tokens.  It runs on
-   * its layer's lane; a larger append (a prefill, four kernels) off the lanes, ordered with all. */
+  /* the V bounds of the four kernels ([H][2] int32) or the one-kernel append's commit marks
+   * (one int32 per pair) */
+  const size_t nvx = ((size_t)n_seqs * H * 2 * 4 + 15) & ~(size_t)15;
+  /* the one-kernel append (at most R tokens per sequence, a small call): it runs on its layer's lane and
+   * needs a backup of the ring slots it writes (as large as the fp16 stage); a larger append (a
+   * prefill, four kernels) runs off the lanes, ordered with all. */
   const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX &&
                     n_seqs <= KIVI_APPEND_FUSED_SEQS;
   const int lane = kivi_lane_of(c, layer, fused);
   kivi_scratch *stage = &kivi_lane_at(c, lane)->stage, *rst = &kivi_lane_at(c, lane)->rot;
-  if (!img || kivi_async_reserve(c, stage, sdesc + 2 * f16 + nvx) ||
+  if (!img || kivi_async_reserve(c, stage, sdesc + 2 * f16 + nvx + (fused ? 2 * f16 : 0)) ||
       (rot && mem == KIVI_MEM_DEVICE && kivi_async_reserve(c, rst, 2 * f16))) {
     free(img);
     free(rot_host);

@@ -76,7 +76,7 @@ void kivi_scratch_free(const kivi_context *ctx, kivi_scratch *s);
 typedef struct kivi_lane {
   char dep[8];        /* the lane's dependence address */
   kivi_scratch stage; /* append: the descriptor copy kernel 1 writes, fp16 K and V tokens,
-                         the one-kernel append's V bounds per (sequence, kv-head) */
+                         V bounds or the one-kernel append's commit marks and ring backup */
   kivi_scratch work;  /* attention: q, partials, outputs */
   kivi_scratch cnt;   /* attention: arrival counters of the split groups (kept zero) */
   kivi_scratch rot;   /* rotated caches: the append's rotated fp16 K and V (device inputs) */
@@ -110,11 +110,13 @@ struct kivi_cache {
    * side (lengths, block tables) is updated at enqueue time. */
   char dep[8];             /* the dependence address (kivi_cache_dependence) */
   int64_t pending;         /* calls enqueued since the last wait */
-  int64_t *aflag;          /* device, n_layers + KIVI_MAX_ASYNC_LANES values.  [layer]: 0, or the id
-                              of the layer's first append whose input was not finite (later
-                              enqueued appends on that layer then do nothing); a synchronous
-                              append that fails clears it before it returns.  [n_layers + lane]:
-                              the arrival counter of the lane's one-kernel appends (kept 0) */
+  int64_t *aflag;          /* device, n_layers + KIVI_MAX_ASYNC_LANES (1 + n_kv_heads) values.
+                              [layer]: 0, or the id of the layer's first append whose input was
+                              not finite (later enqueued appends on that layer then do nothing); a
+                              synchronous append that fails clears it before it returns.
+                              [n_layers + lane]: the arrival counter of the lane's one-kernel
+                              appends (kept 0); then per lane n_kv_heads values that hold their
+                              call's V exponent bounds, [kv-head][2] int32 (kept 0) */
   int64_t next_id;         /* ids of appends since the last wait: 1, 2, ... */
   struct kivi_async_append *log; /* the enqueued appends since the last wait, for rollback */
   size_t n_log, cap_log;
@@ -213,6 +215,9 @@ int kivi_gpu_fast_eligible(const kivi_cache *c);
 #define KIVI_GQA_MIN_SPLIT 512 /* the shortest GQA split the plan cuts where blocks are few */
 #endif
 #define KIVI_GQA_MIN_PAIRS 32 /* (row, kv-head, chunk) blocks per split below which the per-head kernel runs */
+/* The chunks of at most nh query heads that a kv-head's gsz query heads make (the GQA and fp16
+ * kernels take a block per chunk; the last one may hold fewer heads). */
+static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh; }
 /* 1 where the GQA kernel takes HQ query heads over the cache's kv-heads: head_dim 64 (where it
  * is the only fast kernel), or 128 with chunks at least 3/4 full (gsz >= 3 nqc: 3, 4, 6, 7, 8,
  * 10, ... query heads per kv-head; elsewhere the per-head kernel does no more work) */

@@ -442,6 +442,80 @@ START_TEST(layers_independent) {
 }
 END_TEST
 
+/* A call of many sequences, each gaining at most R tokens (on a GPU the one-kernel append, whose
+ * blocks write their own sequence's window tokens before they know that every other input is
+ * finite): a non-finite key or value in any one sequence fails the call and changes nothing,
+ * fp16 windows included (each sequence's new tokens wrap its key window, so the call overwrites
+ * slots that hold stored tokens); the next valid call gives the cache, and the attention
+ * output, of a twin that never saw the failed calls. */
+START_TEST(many_sequences_rejected_call) {
+  enum { H = 2, D = 64, S = 80, R = 32, HQ = 4 };
+  kivi_cache *c = make(1, H, D, S, 256, 2, 2, 32, R), *twin = make(1, H, D, S, 256, 2, 2, 32, R);
+  int ids[S], n0[S], nn[S], off[S + 1];
+  size_t t0 = 0;
+  off[0] = 0;
+  for (int s = 0; s < S; ++s) {
+    ids[s] = s;
+    n0[s] = 33 + s % 15;                 /* 33..47 stored: 1..15 keys in the key window */
+    nn[s] = s % 4 == 0 ? 1 : 17 + s % 16; /* 1, or 17..32 new: past the next block boundary */
+    t0 += (size_t)n0[s];
+    off[s + 1] = off[s] + nn[s];
+  }
+  const size_t row = (size_t)H * D, ne = (size_t)off[S] * row;
+  float *k0 = tu_random(t0 * row, 31, 1.0f), *v0 = tu_random(t0 * row, 32, 1.0f);
+  float *k = tu_random(ne, 33, 1.0f), *v = tu_random(ne, 34, 1.0f);
+  ck_assert_int_eq(kivi_cache_append(c, 0, S, ids, n0, k0, v0, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(twin, 0, S, ids, n0, k0, v0, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  void *dk = NULL, *dv = NULL;
+  ck_assert_int_eq(kivi_context_alloc(ctx, ne * 4, &dk), KIVI_OK);
+  ck_assert_int_eq(kivi_context_alloc(ctx, ne * 4, &dv), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dk, k, ne * 4), KIVI_OK);
+  ck_assert_int_eq(kivi_context_upload(ctx, dv, v, ne * 4), KIVI_OK);
+  const snapshot before = snap(c);
+  /* the bad value in the last, a middle and the first sequence; in K and in V; from device
+   * and from host memory */
+  const int where[] = {S - 1, 41, 0};
+  for (int w = 0; w < 3; ++w)
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t at = (size_t)off[where[w]] * row + (size_t)(w * 7 + kv * 3) % row + (size_t)(nn[where[w]] - 1) * row;
+      float *host = kv ? v : k, keep = host[at];
+      const float bad = w == 1 ? INFINITY : NAN;
+      ck_assert_int_eq(kivi_context_upload(ctx, (float *)(kv ? dv : dk) + at, &bad, 4), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_append(c, 0, S, ids, nn, dk, dv, KIVI_F32, KIVI_MEM_DEVICE), KIVI_ERR_NONFINITE);
+      ck_assert_int_eq(kivi_context_upload(ctx, (float *)(kv ? dv : dk) + at, &keep, 4), KIVI_OK);
+      host[at] = bad;
+      ck_assert_int_eq(kivi_cache_append(c, 0, S, ids, nn, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_ERR_NONFINITE);
+      host[at] = keep;
+      const snapshot after = snap(c);
+      same(&before, &after);
+      free(after.bytes);
+    }
+  ck_assert_int_eq(kivi_cache_append(c, 0, S, ids, nn, dk, dv, KIVI_F32, KIVI_MEM_DEVICE), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_append(twin, 0, S, ids, nn, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  const snapshot a = snap(c), b = snap(twin);
+  same(&a, &b);
+  float *q = tu_random((size_t)S * HQ * D, 35, 1.0f), *oc = malloc((size_t)S * HQ * D * 4),
+        *ot = malloc((size_t)S * HQ * D * 4);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, S, ids, HQ, q, 0.125f, oc, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(kivi_attention_decode(twin, 0, S, ids, HQ, q, 0.125f, ot, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  ck_assert_int_eq(memcmp(oc, ot, (size_t)S * HQ * D * 4), 0);
+  free(before.bytes);
+  free(a.bytes);
+  free(b.bytes);
+  free(q);
+  free(oc);
+  free(ot);
+  kivi_context_free(ctx, dk);
+  kivi_context_free(ctx, dv);
+  free(k0);
+  free(v0);
+  free(k);
+  free(v);
+  kivi_cache_destroy(c);
+  kivi_cache_destroy(twin);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cache");
   TCase *tc = tcase_create("cache");
@@ -454,6 +528,7 @@ int main(void) {
   tcase_add_test(tc, device_inputs_small_calls);
   tcase_add_test(tc, device_inputs_16bit);
   tcase_add_test(tc, layers_independent);
+  tcase_add_test(tc, many_sequences_rejected_call);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

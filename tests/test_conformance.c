@@ -58,6 +58,22 @@ static void expect_bytes(const unsigned char *got, size_t got_n, const unsigned 
     if (got[i] != want[i]) ck_abort_msg("%s: first difference at byte %zu of %zu (%#x vs %#x)", what, i, got_n, got[i], want[i]);
 }
 
+/* Sequence s on layer 1 of c exports the reference bytes want. */
+static void expect_seq(const kivi_cache *c, int s, const unsigned char *want, size_t want_n, const char *what) {
+  size_t n;
+  unsigned char *got = export_of(c, s, 1, &n);
+  expect_bytes(got, n, want, want_n, what);
+  free(got);
+}
+
+static void free_seqs(int nseq, unsigned char **want, float **k, float **v) {
+  for (int s = 0; s < nseq; ++s) {
+    free(want[s]);
+    free(k[s]);
+    free(v[s]);
+  }
+}
+
 /* Appends the sequences' tokens to layer 1 in rounds; each round every unfinished sequence gets
  * a chunk whose size follows `mode`: 0 all at once, 1 one token per call, 2 random sizes (some
  * sequences left out of a call, some named in it with 0 tokens). */
@@ -127,21 +143,44 @@ START_TEST(matches_reference_any_split) {
       char what[160];
       snprintf(what, sizeof what, "D%d H%d G%d R%d k%d v%d, L=%d, split mode %d", g->D, g->H, g->G, g->R, g->kb,
                g->vb, len[s], mode);
-      size_t n;
-      unsigned char *got = export_of(c, s, 1, &n);
-      expect_bytes(got, n, want[s], want_n[s], what);
-      free(got);
+      expect_seq(c, s, want[s], want_n[s], what);
       size_t n0;
       ck_assert_int_eq(kivi_cache_export_seq(c, s, 0, NULL, &n0), KIVI_OK);
       ck_assert_uint_eq(n0, 0); /* layer 0 untouched */
     }
     kivi_cache_destroy(c);
   }
+  free_seqs(NSEQ, want, k, v);
+}
+END_TEST
+
+/* Many sequences in every call (more than one block's worth on a GPU, where calls of at most R
+ * tokens per sequence run the one-kernel append): one token per call, and random sizes; the
+ * bytes equal the reference. */
+START_TEST(many_sequences_match_reference) {
+  const geom_case g = {64, 2, 32, 32, 2, 4};
+  enum { NSEQ = 72 };
+  int len[NSEQ];
+  float *k[NSEQ], *v[NSEQ];
+  unsigned char *want[NSEQ];
+  size_t want_n[NSEQ];
+  const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb};
   for (int s = 0; s < NSEQ; ++s) {
-    free(want[s]);
-    free(k[s]);
-    free(v[s]);
+    len[s] = 1 + (s * 37) % 110;
+    make_tokens(&g, len[s], 500 + (uint64_t)s, &k[s], &v[s]);
+    want[s] = ref_export(&rg, len[s], k[s], v[s], &want_n[s]);
   }
+  for (int mode = 1; mode <= 2; ++mode) {
+    kivi_cache *c = make_cache(ctx, &g, NSEQ, 128);
+    fill(c, &g, NSEQ, len, k, v, mode, 77);
+    for (int s = 0; s < NSEQ; ++s) {
+      char what[96];
+      snprintf(what, sizeof what, "%d sequences, L=%d, split mode %d", NSEQ, len[s], mode);
+      expect_seq(c, s, want[s], want_n[s], what);
+    }
+    kivi_cache_destroy(c);
+  }
+  free_seqs(NSEQ, want, k, v);
 }
 END_TEST
 
@@ -299,6 +338,7 @@ int main(void) {
   TCase *tc = tcase_create("cache bytes");
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_loop_test(tc, matches_reference_any_split, 0, N_CASES);
+  tcase_add_test(tc, many_sequences_match_reference);
   tcase_add_test(tc, chunk_invariance_random_splits);
   tcase_add_test(tc, gpu_equals_host);
   tcase_add_test(tc, roundtrip_structured_inputs);

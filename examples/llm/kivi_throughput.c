@@ -37,7 +37,8 @@ static const char usage[] =
     "  --batches LIST   batch sizes, comma-separated (default on a GPU: 1 16 64 128 256 512 1024\n"
     "                   2048 4096 8192 and each cache's largest; on the host: 1,2)\n"
     "  --no-max         do not search for and run each cache's largest batch\n"
-    "  --max-only       only find each cache's largest batch and its memory, run nothing (GPU)\n"
+    "  --max-only       only find each cache's largest batch (one prompt chunk and one decode\n"
+    "                   step of it run) and its memory (GPU)\n"
     "  --chunk T        prompt tokens per prefill call, all sequences together (default 8192)\n"
     "  --device N|host  OpenMP device number, or host threads (default: the default device)\n"
     "  --json FILE      write the results as JSON\n";
@@ -95,19 +96,17 @@ static int prefill_rows(const opts *o, int batch) {
   return batch > r ? batch : r;
 }
 
-/* Whether a batch fits: the cache and the scratch allocate, and 2 % of the device stays free
- * for the libraries' own scratch (cuBLAS, the cache's per-call buffers). */
+static kivi_status run_batch(kivi_context *ctx, const llm_dev_model *dm, const opts *o, const kv_kind *k, int B,
+                             int probe, run_result *res);
+
+/* Whether a batch fits: the cache and the batch's buffers allocate, its largest calls run (one
+ * prompt chunk and one decode step of every sequence: the library's per-call scratch grows to
+ * them), and 2 % of the device stays free for the rest (cuBLAS, scratch that grows with the
+ * context). */
 static int fits(kivi_context *ctx, const llm_dev_model *dm, const opts *o, const kv_kind *k, int batch,
                 size_t total) {
-  kivi_cache *c = NULL;
-  llm_dev_batch b;
-  int ok = make_cache(ctx, o, k, batch, &c) == KIVI_OK && llm_dev_batch_init(&b, dm, prefill_rows(o, batch), batch, batch) == 0;
-  if (ok) {
-    ok = llm_dev_memory(dm, NULL) + total / 50 <= total;
-    llm_dev_batch_free(&b);
-  }
-  kivi_cache_destroy(c);
-  return ok;
+  run_result r;
+  return run_batch(ctx, dm, o, k, batch, 1, &r) == KIVI_OK && r.mem_used + total / 50 <= total;
 }
 
 static size_t cache_bytes(kivi_context *ctx, const opts *o, const kv_kind *k, int batch) {
@@ -119,8 +118,9 @@ static size_t cache_bytes(kivi_context *ctx, const opts *o, const kv_kind *k, in
 }
 
 /* The largest batch that fits: predicted from what a cache of 1 and of 2 sequences allocates
- * (it grows linearly with its slots) and the scratch's size, then confirmed by allocating it
- * (so the runtime's out-of-memory messages stay rare). */
+ * (it grows linearly with its slots) and the batch buffers' size, then confirmed by running its
+ * largest calls (fits), 1 % lower each time they run out of memory (the offload runtime prints
+ * a message for each such failure). */
 static int max_batch(kivi_context *ctx, const llm_dev_model *dm, const opts *o, const kv_kind *k, size_t total) {
   const size_t a1 = cache_bytes(ctx, o, k, 1), a2 = cache_bytes(ctx, o, k, 2);
   if (!a1 || a2 <= a1) return 0;
@@ -144,8 +144,10 @@ static uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+/* One run of batch B: all prompts, then the generated tokens.  probe: only the first prompt
+ * chunk and one decode step of all B sequences (the calls with the most rows), for fits. */
 static kivi_status run_batch(kivi_context *ctx, const llm_dev_model *dm, const opts *o, const kv_kind *k, int B,
-                             run_result *res) {
+                             int probe, run_result *res) {
   memset(res, 0, sizeof *res);
   res->batch = B;
   kivi_cache *c = NULL;
@@ -167,7 +169,7 @@ static kivi_status run_batch(kivi_context *ctx, const llm_dev_model *dm, const o
   llm_dev_times t = {0};
   /* the prompts, per_chunk sequences per call */
   double t0 = omp_get_wtime();
-  for (int s0 = 0; s0 < B && !st; s0 += per_chunk) {
+  for (int s0 = 0; s0 < B && !st && !(probe && s0 > 0); s0 += per_chunk) {
     const int n = B - s0 < per_chunk ? B - s0 : per_chunk;
     for (int i = 0; i < n; ++i) {
       ids[i] = s0 + i;
@@ -186,7 +188,8 @@ static kivi_status run_batch(kivi_context *ctx, const llm_dev_model *dm, const o
   }
   memset(&t, 0, sizeof t);
   t0 = omp_get_wtime();
-  for (int step = 1; step < o->gen && !st; ++step) {
+  const int gen = probe && o->gen > 2 ? 2 : o->gen;
+  for (int step = 1; step < gen && !st; ++step) {
     memcpy(tok, next, (size_t)B * sizeof *tok);
     st = llm_dev_forward(&b, c, B, ids, nn, pos, tok, NULL, 0, next, &t);
     for (int i = 0; i < B; ++i) ++pos[i];
@@ -390,7 +393,7 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n; ++i) {
       run_result r;
-      st = run_batch(ctx, &dm, &o, k, list[i], &r);
+      st = run_batch(ctx, &dm, &o, k, list[i], 0, &r);
       if (st) {
         fprintf(stderr, PROG ": %s batch %d: %s\n", k->name, list[i], kivi_status_string(st));
         rc = 1;
