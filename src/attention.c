@@ -284,19 +284,20 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
       hd[R_BEG * (int64_t)rows + r] = 0;
       if (hd[R_LC * (int64_t)rows + r] > maxLc) maxLc = hd[R_LC * (int64_t)rows + r];
     }
-    const int H = c->cfg.n_kv_heads, nqc = kivi_head_chunks(HQ / H, KIVI_F16_NH);
+    const int H = c->cfg.n_kv_heads, nh = kivi_f16_heads(HQ / H), nqc = kivi_head_chunks(HQ / H, nh);
+    const int64_t split = KIVI_F16_SPLIT(nh);
     /* about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM), splits of 256 to
-     * KIVI_F16_SPLIT tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them where the
+     * `split` tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them where the
      * split length allows (the last block of a (row, chunk) combines its splits alone:
      * docs/PERF.md, round 18) */
     const int64_t nb = (int64_t)rows * H * nqc;
     int64_t nf = (KIVI_F16_BLOCKS + nb - 1) / nb;
     if (nf > maxLc / 256) nf = maxLc / 256;
     if (nf > KIVI_F16_MAXSPLITS) nf = KIVI_F16_MAXSPLITS;
-    if (nf < (maxLc + KIVI_F16_SPLIT - 1) / KIVI_F16_SPLIT) nf = (maxLc + KIVI_F16_SPLIT - 1) / KIVI_F16_SPLIT;
+    if (nf < (maxLc + split - 1) / split) nf = (maxLc + split - 1) / split;
     if (nf < 1) nf = 1;
     int64_t fs = ((maxLc + nf - 1) / nf + 63) / 64 * 64;
-    if (fs > KIVI_F16_SPLIT) fs = KIVI_F16_SPLIT;
+    if (fs > split) fs = split;
     att_plan p;
     memset(&p, 0, sizeof p);
     p.fs = (int)fs;

@@ -504,20 +504,29 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int32_t *bt = c->bt;
   const uint16_t *kres = c->kres, *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, nqc = kivi_head_chunks(gsz, KIVI_F16_NH), Rm = R - 1, lr = kivi_log2up(R);
+  const int gsz = HQ / H, nh8 = kivi_f16_heads(gsz) == 8, nqc = kivi_head_chunks(gsz, nh8 ? 8 : 4);
+  const int Rm = R - 1, lr = kivi_log2up(R);
   const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_f16_eligible */
   const size_t sub = c->lay.sub_bytes;
   const unsigned vcode_off = (unsigned)c->lay.vcode_off;
   const int dev = c->ctx->device;
   const int nblk = rows * H * nqc * nf;
   if (nblk <= 0) return;
-#define F16_NH KIVI_F16_NH
-#define F16_SPLIT KIVI_F16_SPLIT
 #define KIVI_REGION_FILE "attention_f16.inc"
+  if (nh8) {
+#define F16_NH 8
+#define F16_SPLIT KIVI_F16_SPLIT(8)
 #include "region_d.inc"
-#undef KIVI_REGION_FILE
 #undef F16_SPLIT
 #undef F16_NH
+  } else {
+#define F16_NH 4
+#define F16_SPLIT KIVI_F16_SPLIT(4)
+#include "region_d.inc"
+#undef F16_SPLIT
+#undef F16_NH
+  }
+#undef KIVI_REGION_FILE
 }
 
 int kivi_gpu_extend_eligible(const kivi_cache *c) {

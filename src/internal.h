@@ -227,12 +227,13 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
 
 /* GPU fp16-cache path (attention_gpu.c, attention_f16.inc): a decode call on a cache of 16-bit
- * keys and values, head_dim 128, R a power of two >= 32, in one launch: a block per (row,
- * kv-head, chunk of up to KIVI_F16_NH query heads, split of fs <= KIVI_F16_SPLIT tokens, a
- * multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by the last
- * block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head). */
-#define KIVI_F16_NH 4
-#define KIVI_F16_SPLIT 2048
+ * keys and values, head_dim 64 or 128, R a power of two >= 32, in one launch: a block per (row,
+ * kv-head, chunk of up to kivi_f16_heads(gsz) query heads, split of fs <= KIVI_F16_SPLIT(nh)
+ * tokens, a multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by
+ * the last block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head).
+ * Chunks of 8 where a kv-head has more than 4 query heads (its K and V read once for them). */
+static inline int kivi_f16_heads(int gsz) { return gsz > 4 ? 8 : 4; }
+#define KIVI_F16_SPLIT(nh) (8192 / (nh)) /* s_p: nh x split floats */
 #define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
 #define KIVI_F16_MAXSPLITS 32
 int kivi_gpu_f16_eligible(const kivi_cache *c);

@@ -611,13 +611,13 @@ START_TEST(decode_degenerate_groups) {
 END_TEST
 
 /* The fp16 cache's decode (on a GPU its own kernel, KIVI_KERNEL_GPU_F16): head_dim 64 and 128,
- * query heads per kv-head 1, 3, 4, 7 and 8 (chunks of up to 4 heads: 7 = 4 + 3), R 32 and 128, a ragged batch whose
- * rows end in the window only (1, 64), at and around a flushed block (127 .. 129) and past one
- * or more splits (2049 .. 4090). */
+ * query heads per kv-head 1, 3, 4, 7, 8 and 12 (one chunk of up to 4 heads; beyond 4, chunks of
+ * 8: 7 in one, 12 = 8 + 4), R 32 and 128, a ragged batch whose rows end in the window only
+ * (1, 64), at and around a flushed block (127 .. 129) and past one or more splits (2049 .. 4090). */
 START_TEST(decode_f16_cache) {
   const int lens[] = {1, 64, 127, 128, 129, 300, 2049, 4090, 700};
-  const int ratios[] = {1, 3, 4, 7, 8};
-  for (int ri = 0; ri < 5; ++ri)
+  const int ratios[] = {1, 3, 4, 7, 8, 12};
+  for (int ri = 0; ri < 6; ++ri)
     for (int D = 64; D <= 128; D += 64) {
       const acase a = {D, D == 64 ? 3 : 2, (D == 64 ? 3 : 2) * ratios[ri], 16, 16, 32, _i ? 32 : 128, 0};
       decode_case(&a, 9, lens, 500 + 7 * (uint64_t)ri + (uint64_t)D);
