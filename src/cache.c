@@ -10,8 +10,9 @@
  *   6. write the new tokens that stay fp16 into the rings (after 4 and 5 read the old slots).
  * Every quantized group reads fp16 values of the same tokens whatever the split, so the packed
  * bytes do not depend on how the tokens arrive.  On a GPU a small call (at most R tokens per
- * sequence, at most 64 sequences: a decode step) does 2-6 in one kernel (append_fast.inc); otherwise kernel 1 does 2, kernel 2a does 4, kernel 2b does
- * 5, kernel 3 does 6 (cache_append.inc). */
+ * sequence, at most 64 sequences: a decode step) does 2-6 in one kernel (append_fast.inc);
+ * otherwise kernel 1 does 2, kernel 2a does 4, kernel 2b does 5, kernel 3 does 6
+ * (cache_append.inc). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -392,9 +393,9 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   /* the V bounds of the four kernels ([H][2] int32) or the one-kernel append's commit marks
    * (one int32 per pair) */
   const size_t nvx = ((size_t)n_seqs * H * 2 * 4 + 15) & ~(size_t)15;
-  /* the one-kernel append (at most R tokens per sequence, a small call): it runs on its layer's lane and
-   * needs a backup of the ring slots it writes (as large as the fp16 stage); a larger append (a
-   * prefill, four kernels) runs off the lanes, ordered with all. */
+  /* the one-kernel append (at most R tokens per sequence, a small call): it runs on its layer's
+   * lane and needs a backup of the ring slots it writes (as large as the fp16 stage); a larger
+   * append (a prefill, four kernels) runs off the lanes, ordered with all. */
   const int fused = KIVI_APPEND_FUSED && ctx->on_gpu && max_new <= R && nel <= KIVI_APPEND_FUSED_MAX &&
                     n_seqs <= KIVI_APPEND_FUSED_SEQS;
   const int lane = kivi_lane_of(c, layer, fused);
