@@ -504,7 +504,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int32_t *bt = c->bt;
   const uint16_t *kres = c->kres, *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, nh8 = kivi_f16_heads(gsz) == 8, nqc = kivi_head_chunks(gsz, nh8 ? 8 : 4);
+  const int gsz = HQ / H, chunk = kivi_f16_heads(gsz), nqc = kivi_head_chunks(gsz, chunk);
   const int Rm = R - 1, lr = kivi_log2up(R);
   const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_f16_eligible */
   const size_t sub = c->lay.sub_bytes;
@@ -513,7 +513,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int nblk = rows * H * nqc * nf;
   if (nblk <= 0) return;
 #define KIVI_REGION_FILE "attention_f16.inc"
-  if (nh8) {
+  if (chunk == 8) {
 #define F16_NH 8
 #define F16_SPLIT KIVI_F16_SPLIT(8)
 #include "region_d.inc"
