@@ -59,6 +59,8 @@ extern "C" {
 #define KIVI_API
 #define KIVI_NODISCARD
 #endif
+/* exported as the API is, but a linker hook, not part of the API (no Fortran binding) */
+#define KIVI_HOOK KIVI_API
 
 /* ---- status ------------------------------------------------------------------------------ */
 
@@ -552,6 +554,34 @@ KIVI_API void *kivi_cache_dependence(kivi_cache *cache);
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_set_stream(kivi_cache *cache, void *stream);
 /** The cache's stream (the library's own for ::KIVI_STREAM_LIBRARY), NULL without one. */
 KIVI_API kivi_status kivi_cache_get_stream(const kivi_cache *cache, void **stream);
+
+/** Puts the calling program's own target regions on the cache's stream too: from this call to
+ * kivi_cache_stream_end() on the same thread, each region the thread runs on the cache's device
+ * is enqueued on the stream, in order with the library's work, when it is an `ompx_bare`
+ * kernel whose arguments are device pointers (is_device_ptr), scalars (firstprivate) and
+ * `map(to:)` sections; any other region first waits for the stream and then runs through the
+ * OpenMP runtime, as the library's own do (kivi_cache_stats counts both).  A region's outputs
+ * are there once kivi_cache_wait() returns (or a later synchronous call on the cache).
+ * It needs the program linked with
+ * `-Wl,--wrap=__tgt_register_lib -Wl,--wrap=__tgt_target_kernel` (pkg-config's
+ * `stream_regions_ldflags`), which hands the program's device image and regions to the library
+ * first (the hooks below); without those flags, the scope changes nothing.  Calls on caches
+ * inside the scope work as usual.  End the scope before the cache's stream is changed or the
+ * cache destroyed.
+ * @return ::KIVI_OK; ::KIVI_ERR_ARG for a NULL cache or one without a stream;
+ *         ::KIVI_ERR_DEVICE if the device's context cannot be made current. */
+KIVI_API KIVI_NODISCARD kivi_status kivi_cache_stream_begin(kivi_cache *cache);
+/** Ends the calling thread's scope on the cache's stream (it does not wait for the stream).
+ * @return ::KIVI_OK; ::KIVI_ERR_ARG for a NULL cache, or when the thread's scope is not on this
+ *         cache's stream. */
+KIVI_API kivi_status kivi_cache_stream_end(kivi_cache *cache);
+
+/** The hooks `--wrap` links a program's offload runtime calls to (kivi_cache_stream_begin());
+ * they pass everything outside a scope on to the OpenMP offload runtime unchanged.  Not for
+ * calling. */
+KIVI_HOOK int __wrap___tgt_register_lib(void *desc);
+KIVI_HOOK int __wrap___tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region,
+                                         void *args);
 /** @} */
 
 #ifdef __cplusplus

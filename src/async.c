@@ -115,7 +115,9 @@ int kivi_async_reserve(kivi_cache *c, kivi_scratch *s, size_t bytes) {
 }
 
 kivi_status kivi_async_drain(kivi_cache *c) {
-  if (!c->pending && !c->n_keep && !c->n_log) return KIVI_OK;
+  /* nothing of the library's own pending: on a stream, the caller's work there is still waited
+   * for (kernels it enqueued, in a kivi_cache_stream_begin scope or through a vendor library) */
+  if (!c->pending && !c->n_keep && !c->n_log) return c->stream && kivi_stream_sync(c) ? KIVI_ERR_DEVICE : KIVI_OK;
   char *dep = c->dep;
   (void)dep; /* named only in depend clauses */
 #pragma omp taskwait depend(inout : dep[0])

@@ -520,6 +520,16 @@ kivi_status kivi_cache_set_stream(kivi_cache *c, void *stream) {
   return KIVI_OK;
 }
 
+kivi_status kivi_cache_stream_begin(kivi_cache *c) {
+  if (!c || !c->stream) return KIVI_ERR_ARG;
+  return kivi_stream_scope(c, 1) ? KIVI_ERR_DEVICE : KIVI_OK;
+}
+
+kivi_status kivi_cache_stream_end(kivi_cache *c) {
+  if (!c || !c->stream || kivi_stream_scope(c, 0)) return KIVI_ERR_ARG;
+  return KIVI_OK;
+}
+
 kivi_status kivi_cache_get_stream(const kivi_cache *c, void **stream) {
   if (!c || !stream) return KIVI_ERR_ARG;
   *stream = kivi_stream_handle(c);

@@ -148,6 +148,9 @@ kivi_status kivi_stream_open(const kivi_cache *c, void *stream, kivi_stream **ou
 void kivi_stream_close(kivi_stream *s);
 void kivi_stream_enter(kivi_cache *c);
 void kivi_stream_leave(kivi_cache *c);
+/* kivi_cache_stream_begin / _end: the calling thread's scope on c's stream (on 1) or its end (on
+ * 0); -1 without a stream, or, ending, when the thread's scope is not c's. */
+int kivi_stream_scope(kivi_cache *c, int on);
 int kivi_stream_sync(kivi_cache *c);
 void *kivi_stream_handle(const kivi_cache *c);
 void kivi_stream_counts(const kivi_cache *c, int64_t *launched, int64_t *passed);

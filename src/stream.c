@@ -134,7 +134,11 @@ static int cu_open(void) {
 
 /* ---- the runtime's entry points, seen first by the library's own regions ---- */
 
-static tgt_desc *g_desc; /* the library's device image, as registered */
+/* The device images registered through here: the library's own, and those of programs linked
+ * with the hooks below (kivi.h, "The caller's own regions on the stream"). */
+enum { MAX_IMG = 8 };
+static tgt_desc *g_desc[MAX_IMG];
+static int g_n_desc;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
 __attribute__((visibility("hidden"))) int __tgt_register_lib(tgt_desc *desc);
@@ -142,7 +146,9 @@ __attribute__((visibility("hidden"))) int __tgt_target_kernel(void *loc, int64_t
                                                               int32_t threads, void *region, tgt_kargs *args);
 
 int __tgt_register_lib(tgt_desc *desc) {
-  g_desc = desc;
+  pthread_mutex_lock(&g_lock);
+  if (g_n_desc < MAX_IMG) g_desc[g_n_desc++] = desc; /* beyond: its regions take the runtime's route */
+  pthread_mutex_unlock(&g_lock);
   register_fn next = (register_fn)dlsym(RTLD_DEFAULT, "__tgt_register_lib"); /* ours is hidden: the runtime's */
   return next ? next(desc) : 0;
 }
@@ -151,27 +157,28 @@ static kernel_fn g_next_kernel;
 static pthread_once_t g_next_once = PTHREAD_ONCE_INIT;
 static void find_next_kernel(void) { g_next_kernel = (kernel_fn)dlsym(RTLD_DEFAULT, "__tgt_target_kernel"); }
 
-/* The stream of the cache whose call this thread is in (kivi_stream_enter), or NULL. */
-static _Thread_local kivi_stream *t_stream;
+/* The stream of the cache whose call this thread is in (kivi_stream_enter), or NULL; t_scope:
+ * the stream of the caller's scope (kivi_cache_stream_begin), which t_stream returns to when a
+ * call ends. */
+static _Thread_local kivi_stream *t_stream, *t_scope;
 
-/* ---- per device: the image as a CUDA module, and the kernels looked up in it ---- */
+/* ---- per device: its context, each image as a CUDA module, the kernels looked up in them ---- */
 
 enum { KTAB = 512 };
 typedef struct kivi_module {
-  int state; /* 0 not loaded, 1 loaded, -1 failed */
+  int state; /* 0 not set up, 1 ready, -1 failed */
   CUcontext ctx;
-  CUmodule mod;
+  struct { int state; CUmodule mod; } img[MAX_IMG]; /* state as above */
   struct { void *region; CUfunction fn; } tab[KTAB]; /* fn NULL: not launchable on a stream */
 } kivi_module;
 enum { MAX_DEV = 64 };
 static kivi_module g_mod[MAX_DEV];
 
-/* The cubin inside the registered image: an LLVM offload binary (magic 0x10ff10ad) holding the
+/* The cubin inside a registered image: an LLVM offload binary (magic 0x10ff10ad) holding the
  * ELF, or the ELF itself. */
-static const void *image_cubin(void) {
-  if (!g_desc || g_desc->n_images < 1) return NULL;
-  for (int i = 0; i < g_desc->n_images; ++i) {
-    const unsigned char *p = g_desc->images[i].start, *e = g_desc->images[i].end;
+static const void *image_cubin(const tgt_desc *desc) {
+  for (int i = 0; i < desc->n_images; ++i) {
+    const unsigned char *p = desc->images[i].start, *e = desc->images[i].end;
     if (!p || e - p < 64) continue;
     if (!memcmp(p, "\x7f" "ELF", 4) && p[18] == 190) return p; /* EM_CUDA */
     if (memcmp(p, "\x10\xff\x10\xad", 4)) continue;
@@ -189,6 +196,16 @@ static const void *image_cubin(void) {
   return NULL;
 }
 
+/* image i as a module of the device's context; called with g_lock held */
+static CUmodule image_module(kivi_module *m, int i) {
+  if (!m->img[i].state) {
+    const void *cubin = image_cubin(g_desc[i]);
+    m->img[i].state = cubin && !cu.CtxSetCurrent(m->ctx) && !cu.ModuleLoadData(&m->img[i].mod, cubin) ? 1 : -1;
+  }
+  return m->img[i].state > 0 ? m->img[i].mod : NULL;
+}
+
+/* The device's primary context, with the library's image loaded (the first registered). */
 static kivi_module *module_of(int device) {
   if (device < 0 || device >= MAX_DEV) return NULL;
   kivi_module *m = &g_mod[device];
@@ -196,34 +213,33 @@ static kivi_module *module_of(int device) {
   pthread_mutex_lock(&g_lock);
   if (!m->state) {
     CUdevice d;
-    const void *cubin = image_cubin();
-    m->state = cubin && !cu.DeviceGet(&d, device) && !cu.PrimaryCtxRetain(&m->ctx, d) && !cu.CtxSetCurrent(m->ctx) &&
-                       !cu.ModuleLoadData(&m->mod, cubin)
-                   ? 1
-                   : -1;
+    m->state = g_n_desc && !cu.DeviceGet(&d, device) && !cu.PrimaryCtxRetain(&m->ctx, d) && image_module(m, 0) ? 1 : -1;
   }
   pthread_mutex_unlock(&g_lock);
   return m->state > 0 ? m : NULL;
 }
 
-/* The kernel of a region, if it can be launched on a stream (an ompx_bare kernel). */
+/* The kernel of a region, if it can be launched on a stream (an ompx_bare kernel of a registered
+ * image); called with g_lock held. */
 static CUfunction lookup(kivi_module *m, void *region) {
-  CUfunction fn = NULL;
-  for (const tgt_entry *e = g_desc->host_begin; e < g_desc->host_end; ++e) {
-    if (e->addr != region || !e->name) continue;
-    char env[512];
-    CUdeviceptr gp;
-    size_t gs;
-    const size_t nl = strlen(e->name);
-    if (nl + sizeof "_kernel_environment" > sizeof env) break;
-    memcpy(env, e->name, nl);
-    memcpy(env + nl, "_kernel_environment", sizeof "_kernel_environment");
-    /* an OpenMP-runtime kernel has a kernel environment: not for the stream */
-    if (cu.ModuleGetGlobal(&gp, &gs, m->mod, env) == 0) break;
-    if (cu.ModuleGetFunction(&fn, m->mod, e->name) != 0) fn = NULL;
-    break;
-  }
-  return fn;
+  for (int i = 0; i < g_n_desc; ++i)
+    for (const tgt_entry *e = g_desc[i]->host_begin; e < g_desc[i]->host_end; ++e) {
+      if (e->addr != region || !e->name) continue;
+      CUmodule mod = image_module(m, i);
+      char env[512];
+      CUdeviceptr gp;
+      size_t gs;
+      CUfunction fn = NULL;
+      const size_t nl = strlen(e->name);
+      if (!mod || nl + sizeof "_kernel_environment" > sizeof env) return NULL;
+      memcpy(env, e->name, nl);
+      memcpy(env + nl, "_kernel_environment", sizeof "_kernel_environment");
+      /* an OpenMP-runtime kernel has a kernel environment: not for the stream */
+      if (cu.ModuleGetGlobal(&gp, &gs, mod, env) == 0) return NULL;
+      if (cu.ModuleGetFunction(&fn, mod, e->name) != 0) fn = NULL;
+      return fn;
+    }
+  return NULL;
 }
 
 static CUfunction kernel_of(kivi_module *m, void *region) {
@@ -329,7 +345,7 @@ static int launch(kivi_stream *s, CUfunction fn, tgt_kargs *a) {
   return cu.LaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, s->stream, par, NULL) ? -2 : 0;
 }
 
-int __tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region, tgt_kargs *args) {
+static int target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region, tgt_kargs *args) {
   pthread_once(&g_next_once, find_next_kernel);
   kivi_stream *s = t_stream;
   if (s && device == s->device && !(args->flags & 1)) { /* not `nowait` */
@@ -345,6 +361,17 @@ int __tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t thread
     ++s->passed;
   }
   return g_next_kernel ? g_next_kernel(loc, device, teams, threads, region, args) : 1;
+}
+
+int __tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region, tgt_kargs *args) {
+  return target_kernel(loc, device, teams, threads, region, args);
+}
+
+/* The hooks a program links to with --wrap (kivi.h): its image and regions come here first. */
+int __wrap___tgt_register_lib(void *desc) { return __tgt_register_lib(desc); }
+int __wrap___tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region,
+                               void *args) {
+  return target_kernel(loc, device, teams, threads, region, args);
 }
 
 /* ---- the library's side ---- */
@@ -402,7 +429,18 @@ void kivi_stream_enter(kivi_cache *c) {
 }
 void kivi_stream_leave(kivi_cache *c) {
   (void)c;
-  t_stream = NULL;
+  t_stream = t_scope;
+}
+
+int kivi_stream_scope(kivi_cache *c, int on) {
+  if (on) {
+    if (!c->stream || cu.CtxSetCurrent(c->stream->m->ctx)) return -1;
+    t_scope = t_stream = c->stream;
+  } else {
+    if (t_scope != c->stream) return -1;
+    t_scope = t_stream = NULL;
+  }
+  return 0;
 }
 
 int kivi_stream_sync(kivi_cache *c) {
@@ -463,6 +501,11 @@ kivi_status kivi_stream_open(const kivi_cache *c, void *stream, kivi_stream **ou
 void kivi_stream_close(kivi_stream *s) { (void)s; }
 void kivi_stream_enter(kivi_cache *c) { (void)c; }
 void kivi_stream_leave(kivi_cache *c) { (void)c; }
+int kivi_stream_scope(kivi_cache *c, int on) {
+  (void)c;
+  (void)on;
+  return -1;
+}
 int kivi_stream_sync(kivi_cache *c) { (void)c; return 0; }
 void *kivi_stream_handle(const kivi_cache *c) { (void)c; return NULL; }
 void kivi_stream_counts(const kivi_cache *c, int64_t *launched, int64_t *passed) {
@@ -474,5 +517,34 @@ int kivi_stream_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t b
 }
 int kivi_stream_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t bytes) {
   return kivi_dev_get(c->ctx, dst_host, src_dev, bytes);
+}
+#endif
+
+#if !(KIVI_HAVE_OFFLOAD && defined(__linux__))
+/* Without offload the hooks have nothing to route: they pass each call on to the runtime, if the
+ * program has one. */
+#if defined(__linux__)
+#include <dlfcn.h>
+#endif
+typedef int (*kivi_fwd_register)(void *);
+typedef int (*kivi_fwd_kernel)(void *, int64_t, int32_t, int32_t, void *, void *);
+int __wrap___tgt_register_lib(void *desc) {
+#if defined(__linux__)
+  kivi_fwd_register f = (kivi_fwd_register)dlsym(RTLD_DEFAULT, "__tgt_register_lib");
+  return f ? f(desc) : 0;
+#else
+  (void)desc;
+  return 0;
+#endif
+}
+int __wrap___tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region,
+                               void *args) {
+#if defined(__linux__)
+  kivi_fwd_kernel f = (kivi_fwd_kernel)dlsym(RTLD_DEFAULT, "__tgt_target_kernel");
+  return f ? f(loc, device, teams, threads, region, args) : 1;
+#else
+  (void)loc, (void)device, (void)teams, (void)threads, (void)region, (void)args;
+  return 1;
+#endif
 }
 #endif

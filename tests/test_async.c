@@ -233,6 +233,43 @@ START_TEST(stream_equals_sync) {
 }
 END_TEST
 
+/* The caller's scope on a cache's stream (kivi_cache_stream_begin / _end): refused without a
+ * stream and for a scope the thread is not in; with a stream, the library's calls inside the
+ * scope work and leave the scope as it was (it still ends once, then no more). */
+START_TEST(stream_scope) {
+  kivi_context *ctx = tu_context();
+  const geom *g = &GEOMS[0];
+  kivi_cache *c = geom_cache(ctx, g), *d = geom_cache(ctx, g);
+  ck_assert_int_eq(kivi_cache_stream_begin(NULL), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_stream_end(NULL), KIVI_ERR_ARG);
+  ck_assert_int_eq(kivi_cache_stream_begin(c), KIVI_ERR_ARG); /* no stream */
+  ck_assert_int_eq(kivi_cache_stream_end(c), KIVI_ERR_ARG);   /* no scope */
+  if (stream_available(c)) {
+    const int ids[SEQS] = {0, 1}, ones[SEQS] = {1, 1};
+    float *k = tu_random((size_t)SEQS * g->H * g->D, 5, 1.0f), *v = tu_random((size_t)SEQS * g->H * g->D, 6, 1.0f);
+    ck_assert_int_eq(kivi_cache_stream_begin(c), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_stream_end(d), KIVI_ERR_ARG); /* not d's scope */
+    ck_assert_int_eq(kivi_cache_append(c, 0, SEQS, ids, ones, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_append(d, 0, SEQS, ids, ones, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_stream_end(c), KIVI_OK); /* still in the scope after the calls */
+    ck_assert_int_eq(kivi_cache_stream_end(c), KIVI_ERR_ARG);
+    snapshot sc = snap(c), sd = snap(d);
+    same(&sc, &sd);
+    ck_assert_int_eq(kivi_cache_set_stream(c, NULL), KIVI_OK);
+    free(sc.bytes);
+    free(sd.bytes);
+    free(k);
+    free(v);
+    printf("stream scope: refused without a stream or scope; calls inside it leave it as it was\n");
+  } else {
+    printf("stream scope: refused without a stream or scope (no stream here)\n");
+  }
+  kivi_cache_destroy(c);
+  kivi_cache_destroy(d);
+  kivi_context_destroy(ctx);
+}
+END_TEST
+
 /* The GQA decode enqueued: 32 query heads over 8 kv-heads, 4 rows of 4400 tokens (KIVI-2,
  * D = 128).  Those are 32 (row, kv-head) pairs with 9 splits of 512 tokens each, enough blocks
  * for the GPU's GQA kernel (plan_call), whose nowait variant then runs.  decode_async gives what
@@ -571,6 +608,7 @@ int main(void) {
   tcase_set_timeout(t, 1200);
   tcase_add_loop_test(t, async_equals_sync, 0, (int)(sizeof GEOMS / sizeof GEOMS[0]));
   tcase_add_loop_test(t, stream_equals_sync, 0, (int)(sizeof GEOMS / sizeof GEOMS[0]));
+  tcase_add_test(t, stream_scope);
   tcase_add_test(t, gqa_async_equals_sync);
   tcase_add_test(t, interleaved_caches);
   tcase_add_test(t, lanes_wrap);

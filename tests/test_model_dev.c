@@ -9,6 +9,7 @@
  *  - every token's logits of a prompt run in chunks within the same bound;
  *  - a batch of four generates, for each sequence, the greedy tokens that sequence generates
  *    alone, with logits within BATCH_REL_TOL;
+ *  - on a GPU, the same calls on one CUDA stream give the same tokens and logits bit for bit;
  *  - bad arguments are refused with KIVI_ERR_ARG. */
 #include <omp.h>
 
@@ -234,11 +235,16 @@ START_TEST(all_logits_match_host) {
 }
 END_TEST
 
-/* batch B, each sequence alone: greedy tokens and logits */
-static void generate(fixture *f, int kbits, int first, int B, int steps, int *out_tok, float *out_logits) {
+/* batch B, each sequence alone: greedy tokens and logits; stream: on the cache's CUDA stream
+ * (llm_dev_batch_set_stream), then *kern and *waits (if not NULL) the kernels the decode steps
+ * launched on it and the regions that waited for it (kivi_cache_stats) */
+static void generate_on(fixture *f, int kbits, int first, int B, int steps, int *out_tok, float *out_logits, int stream,
+                        int64_t *kern, int64_t *waits) {
   kivi_cache *c = tu_cache(f->ctx, NL, NKV, HD, 4, 256, kbits, kbits, 32, 32);
   llm_dev_batch b;
   ck_assert_int_eq(llm_dev_batch_init(&b, &f->dm, 64, B, B), 0);
+  if (stream) ck_assert_int_eq(llm_dev_batch_set_stream(&b, c, 1), 0);
+  kivi_cache_stats s0 = {0}, s1;
   int ids[4], nn[4], pos[4], tok[64], best[4];
   float *lg = malloc((size_t)B * VOCAB * sizeof *lg);
   for (int i = 0; i < B; ++i) {
@@ -249,6 +255,7 @@ static void generate(fixture *f, int kbits, int first, int B, int steps, int *ou
   for (int i = 0, T = 0; i < B; ++i)
     for (int j = 0; j < nn[i]; ++j) tok[T++] = prompt_token(first + i, j);
   for (int step = 0; step < steps; ++step) {
+    if (step == 1) ck_assert_int_eq(kivi_cache_get_stats(c, &s0), KIVI_OK); /* after the prompts */
     ck_assert_int_eq(llm_dev_forward(&b, c, B, ids, nn, pos, tok, lg, 0, best, NULL), KIVI_OK);
     for (int i = 0; i < B; ++i) {
       out_tok[(size_t)(first + i) * steps + step] = best[i];
@@ -258,9 +265,16 @@ static void generate(fixture *f, int kbits, int first, int B, int steps, int *ou
       tok[i] = best[i];
     }
   }
+  ck_assert_int_eq(kivi_cache_get_stats(c, &s1), KIVI_OK);
+  if (kern) *kern = s1.stream_kernels - s0.stream_kernels;
+  if (waits) *waits = s1.stream_waits - s0.stream_waits;
+  if (stream) ck_assert_int_eq(llm_dev_batch_set_stream(&b, c, 0), 0);
   free(lg);
   llm_dev_batch_free(&b);
   kivi_cache_destroy(c);
+}
+static void generate(fixture *f, int kbits, int first, int B, int steps, int *out_tok, float *out_logits) {
+  generate_on(f, kbits, first, B, steps, out_tok, out_logits, 0, NULL, NULL);
 }
 
 START_TEST(batch_equals_single) {
@@ -289,6 +303,70 @@ START_TEST(batch_equals_single) {
   free(st);
   free(bl);
   free(sl);
+  teardown(&f);
+}
+END_TEST
+
+/* Every forward call on one CUDA stream (the model's own kernels too, through
+ * kivi_cache_stream_begin) gives the same greedy tokens and logits, bit for bit, as the calls
+ * waited for one by one; each decode step launches at least the model's 12 kernels (embedding,
+ * RoPE table, 4 a layer, the last norm, the argmax) on the stream, and on the 2-bit cache no
+ * region waits for it.  Where there is no stream (host, no cuBLAS) the batch refuses it. */
+START_TEST(stream_equals_sync) {
+  fixture f;
+  setup(&f);
+  enum { B = 2, STEPS = 12, MODEL_KERNELS = 4 + 4 * NL };
+  llm_dev_batch b;
+  kivi_cache *c = fp16_cache(f.ctx, B);
+  ck_assert_int_eq(llm_dev_batch_init(&b, &f.dm, 8, B, B), 0);
+  const int have = llm_dev_batch_set_stream(&b, c, 1) == 0;
+  if (have) ck_assert_int_eq(llm_dev_batch_set_stream(&b, c, 0), 0);
+  llm_dev_batch_free(&b);
+  kivi_cache_destroy(c);
+  if (!have) {
+    ck_assert(!f.info.on_gpu || !f.dm.blas); /* a GPU with cuBLAS has a stream */
+    printf("model_dev stream: none here (%s), refused\n", f.info.on_gpu ? "no cuBLAS" : "host");
+    teardown(&f);
+    return;
+  }
+  /* a prompt's every logit (nothing of the cache's own is pending at the wait: it must still
+   * wait for the model's kernels on the stream before the logits are read) */
+  enum { NP = 40 };
+  int tokp[NP], id0 = 0, np = NP, pos0 = 0;
+  for (int j = 0; j < NP; ++j) tokp[j] = prompt_token(5, j);
+  float *pa = malloc((size_t)NP * VOCAB * sizeof *pa), *pb = malloc((size_t)NP * VOCAB * sizeof *pb);
+  for (int r = 0; r < 2; ++r) {
+    c = fp16_cache(f.ctx, 1);
+    ck_assert_int_eq(llm_dev_batch_init(&b, &f.dm, NP, 1, NP), 0);
+    if (r) ck_assert_int_eq(llm_dev_batch_set_stream(&b, c, 1), 0);
+    ck_assert_int_eq(llm_dev_forward(&b, c, 1, &id0, &np, &pos0, tokp, r ? pb : pa, 1, NULL, NULL), KIVI_OK);
+    if (r) ck_assert_int_eq(llm_dev_batch_set_stream(&b, c, 0), 0);
+    llm_dev_batch_free(&b);
+    kivi_cache_destroy(c);
+  }
+  ck_assert_int_eq(memcmp(pa, pb, (size_t)NP * VOCAB * sizeof *pa), 0);
+  printf("model_dev stream: a %d-token prompt's every logit bit-identical to the calls waited for\n", NP);
+  free(pa);
+  free(pb);
+  int *ta = malloc(B * STEPS * sizeof *ta), *tb = malloc(B * STEPS * sizeof *tb);
+  float *la = malloc((size_t)B * STEPS * VOCAB * sizeof *la), *lb = malloc((size_t)B * STEPS * VOCAB * sizeof *lb);
+  static const int bits[] = {2, 16};
+  for (int k = 0; k < 2; ++k) {
+    int64_t kern = 0, waits = 0;
+    generate_on(&f, bits[k], 0, B, STEPS, ta, la, 0, NULL, NULL);
+    generate_on(&f, bits[k], 0, B, STEPS, tb, lb, 1, &kern, &waits);
+    ck_assert_int_eq(memcmp(ta, tb, B * STEPS * sizeof *ta), 0);
+    ck_assert_int_eq(memcmp(la, lb, (size_t)B * STEPS * VOCAB * sizeof *la), 0);
+    ck_assert_int_ge(kern, (int64_t)MODEL_KERNELS * (STEPS - 1));
+    if (bits[k] == 2) ck_assert_int_eq(waits, 0);
+    printf("model_dev %d-bit cache on a stream: %d greedy tokens and logits bit-identical to the calls waited for; "
+           "%.1f kernels a decode step on the stream, %lld regions waited\n", bits[k], B * STEPS,
+           (double)kern / (STEPS - 1), (long long)waits);
+  }
+  free(ta);
+  free(tb);
+  free(la);
+  free(lb);
   teardown(&f);
 }
 END_TEST
@@ -323,6 +401,7 @@ int main(void) {
   tcase_add_loop_test(tc, dev_matches_host, 0, 2);
   tcase_add_test(tc, all_logits_match_host);
   tcase_add_test(tc, batch_equals_single);
+  tcase_add_test(tc, stream_equals_sync);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -8,7 +8,7 @@
  *
  * Common options: --model PATH, --kv fp16|kivi2|kivi4, --k-bits/--v-bits/--group/--residual,
  * --fake-quant [--k-axis channel|token] [--v-axis token|channel], --chunk N, --device
- * default|host|N, --forward auto|host|device, --json FILE, --quiet.  `kivi-run --help` lists
+ * default|host|N, --forward auto|host|device, --no-stream, --json FILE, --quiet.  `kivi-run --help` lists
  * them all. */
 #include <errno.h>
 #include <math.h>
@@ -31,7 +31,7 @@ enum { ROT_BY_AUTO, ROT_BY_CACHE, ROT_BY_MODEL };
 
 typedef struct options {
   const char *cmd, *model, *json, *prompt, *prompt_file, *prompts, *text_file, *kv, *lengths, *system;
-  int k_bits, v_bits, group, residual, chunk, device, quiet, raw;
+  int k_bits, v_bits, group, residual, chunk, device, quiet, raw, no_stream;
   int fake, k_per_token, v_per_channel, sink, pre_rope, rotate;
   int rotate_by; /* ROT_BY_*: who rotates for --rotate */
   int max_tokens, ctx, trials;
@@ -85,6 +85,8 @@ static const char usage_text[] =
         "                     device (on a GPU: fp16 weights, cuBLAS products, OpenMP target\n"
         "                     regions), host = fp32 on host threads; auto (default) = device when\n"
         "                     the cache is on a GPU and no --fake-quant or --edge-layers\n"
+        "  --no-stream        on a GPU, each call of the model waited for (default: every forward\n"
+        "                     step enqueued on one CUDA stream, waited for once)\n"
         "  --json FILE        write the results as JSON\n"
         "  --quiet            no progress on stderr\n";
 
@@ -125,6 +127,7 @@ static int parse_args(int argc, char **argv, options *o) {
     if (!strcmp(a, "--fake-quant")) { o->fake = 1; continue; }
     if (!strcmp(a, "--pre-rope")) { o->pre_rope = 1; continue; }
     if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
+    if (!strcmp(a, "--no-stream")) { o->no_stream = 1; continue; }
     if (!strcmp(a, "--raw")) { o->raw = 1; continue; }
     if (!strcmp(a, "--model")) sv = &o->model;
     else if (!strcmp(a, "--json")) sv = &o->json;
@@ -396,6 +399,8 @@ static int runner_start(runner *r, int max_len) {
       fprintf(stderr, "kivi-run: out of device memory for the activations\n");
       return -1;
     }
+    if (info.on_gpu && !r->o.no_stream && llm_dev_batch_set_stream(&r->db, r->cache, 1) && !r->o.quiet)
+      fprintf(stderr, "kivi-run: no CUDA stream here (cuBLAS or the CUDA driver missing): calls waited for one by one\n");
   }
   if (!r->o.quiet) {
     fprintf(stderr, "kivi-run: %s: %d layers, %d heads / %d kv-heads x %d, vocab %d; weights %.0f MB fp32; "
@@ -403,9 +408,9 @@ static int runner_start(runner *r, int max_len) {
             path, m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->n_vocab, m->weight_bytes / 1e6, r->setting,
             info.on_gpu ? "the GPU" : "host threads");
     if (r->on_dev)
-      fprintf(stderr, "kivi-run: the model on %s too: %.0f MB of fp16 weights, products by %s\n",
+      fprintf(stderr, "kivi-run: the model on %s too: %.0f MB of fp16 weights, products by %s%s\n",
               info.on_gpu ? "the GPU" : "host threads (device code)", r->dm.weight_bytes / 1e6,
-              llm_dev_matmul_name(&r->dm));
+              llm_dev_matmul_name(&r->dm), r->db.stream ? ", each step on one CUDA stream" : "");
   }
   if (r->o.json) {
     r->json = fopen(r->o.json, "w");
@@ -420,8 +425,9 @@ static int runner_start(runner *r, int max_len) {
     if (r->o.fake)
       fprintf(r->json, "  \"k_axis\": \"%s\", \"v_axis\": \"%s\",\n", r->o.k_per_token ? "token" : "channel",
               r->o.v_per_channel ? "channel" : "token");
-    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"forward\": \"%s\", \"library\": \"%s\",\n", r->o.chunk,
-            info.on_gpu ? "true" : "false", r->on_dev ? "device" : "host", kivi_version_string());
+    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"forward\": \"%s\", \"stream\": %s, \"library\": \"%s\",\n",
+            r->o.chunk, info.on_gpu ? "true" : "false", r->on_dev ? "device" : "host",
+            r->on_dev && r->db.stream ? "true" : "false", kivi_version_string());
   }
   return 0;
 }
@@ -429,6 +435,7 @@ static int runner_start(runner *r, int max_len) {
 static void runner_close(runner *r) {
   if (r->json) fclose(r->json);
   if (r->on_dev) {
+    if (r->db.stream) (void)llm_dev_batch_set_stream(&r->db, r->cache, 0);
     llm_dev_batch_free(&r->db);
     llm_dev_model_free(&r->dm);
   }

@@ -41,6 +41,9 @@ static const char usage[] =
     "                   step of it run) and its memory (GPU)\n"
     "  --chunk T        prompt tokens per prefill call, all sequences together (default 8192)\n"
     "  --device N|host  OpenMP device number, or host threads (default: the default device)\n"
+    "  --stream         each forward call on one CUDA stream, waited for once (GPU, cuBLAS):\n"
+    "                   the step's split is then the host's time to enqueue each part, the\n"
+    "                   wait counted in other\n"
     "  --json FILE      write the results as JSON\n";
 
 typedef struct kv_kind {
@@ -61,7 +64,7 @@ typedef struct run_result {
 typedef struct opts {
   llm_dev_shape shape;
   const char *shape_name;
-  int prompt, gen, chunk, device, no_max, max_only;
+  int prompt, gen, chunk, device, no_max, max_only, stream;
   int kv[N_KINDS], n_kv;
   int batches[64], n_batches;
   const char *json;
@@ -158,6 +161,11 @@ static kivi_status run_batch(kivi_context *ctx, const llm_dev_model *dm, const o
     kivi_cache_destroy(c);
     return KIVI_ERR_NOMEM;
   }
+  if (o->stream && llm_dev_batch_set_stream(&b, c, 1)) {
+    llm_dev_batch_free(&b);
+    kivi_cache_destroy(c);
+    return KIVI_ERR_UNSUPPORTED;
+  }
   const int P = o->prompt, per_chunk = b.max_rows / P < B ? b.max_rows / P : B;
   int *ids = malloc((size_t)B * sizeof *ids), *nn = malloc((size_t)B * sizeof *nn),
       *pos = malloc((size_t)B * sizeof *pos), *tok = malloc((size_t)b.max_rows * sizeof *tok),
@@ -239,6 +247,10 @@ static int parse(int argc, char **argv, opts *o) {
     }
     if (!strcmp(a, "--max-only")) {
       o->max_only = 1;
+      continue;
+    }
+    if (!strcmp(a, "--stream")) {
+      o->stream = 1;
       continue;
     }
     static const char *const with_value[] = {"--shape", "--prompt", "--gen", "--kv", "--batches", "--chunk", "--device", "--json"};
@@ -362,11 +374,11 @@ int main(int argc, char **argv) {
             "{\n  \"program\": \"" PROG "\", \"library\": \"%s\", \"shape\": \"%s\",\n"
             "  \"model\": {\"layers\": %d, \"dim\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, "
             "\"ffn\": %d, \"vocab\": %d, \"weight_gb\": %.2f},\n"
-            "  \"prompt\": %d, \"generated\": %d, \"device\": \"%s\", \"device_memory_gb\": %.1f, \"matmul\": \"%s\",\n"
+            "  \"prompt\": %d, \"generated\": %d, \"device\": \"%s\", \"device_memory_gb\": %.1f, \"matmul\": \"%s\", \"stream\": %s,\n"
             "  \"caches\": [\n",
             kivi_version_string(), o.shape_name, o.shape.n_layers, o.shape.dim, o.shape.n_heads, o.shape.n_kv_heads,
             o.shape.head_dim, o.shape.ffn_dim, o.shape.n_vocab, (double)dm.weight_bytes / 1e9, o.prompt, o.gen,
-            ci.on_gpu ? "gpu" : "host", (double)total / 1e9, llm_dev_matmul_name(&dm));
+            ci.on_gpu ? "gpu" : "host", (double)total / 1e9, llm_dev_matmul_name(&dm), o.stream ? "true" : "false");
   if (!o.max_only)
     printf("%-10s %6s %10s %10s %8s %8s %8s %8s %8s %8s\n", "cache", "batch", "tok/s", "decode/s", "step ms", "matmul",
          "attn", "append", "other", "mem GB");

@@ -10,6 +10,7 @@
 struct llm_blas {
   cublasHandle_t h;
   cudaStream_t s;
+  cudaStream_t ext; /* llm_blas_set_stream: the products go there, not waited for */
 };
 
 llm_blas *llm_blas_create(int device, const char **why) {
@@ -45,7 +46,13 @@ int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, in
   if (cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, y,
                    CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
     return -1;
-  return cudaStreamSynchronize(b->s) == cudaSuccess ? 0 : -1;
+  return b->ext || cudaStreamSynchronize(b->s) == cudaSuccess ? 0 : -1;
+}
+
+int llm_blas_set_stream(llm_blas *b, void *stream) {
+  if (cublasSetStream(b->h, stream ? (cudaStream_t)stream : b->s) != CUBLAS_STATUS_SUCCESS) return -1;
+  b->ext = (cudaStream_t)stream;
+  return 0;
 }
 
 size_t llm_blas_memory(size_t *total) {
@@ -65,6 +72,10 @@ llm_blas *llm_blas_create(int device, const char **why) {
 void llm_blas_destroy(llm_blas *b) { (void)b; }
 int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, int K, int N, int acc) {
   (void)b, (void)y, (void)x, (void)w, (void)T, (void)K, (void)N, (void)acc;
+  return -1;
+}
+int llm_blas_set_stream(llm_blas *b, void *stream) {
+  (void)b, (void)stream;
   return -1;
 }
 size_t llm_blas_memory(size_t *total) {

@@ -13,8 +13,11 @@ typedef struct llm_blas llm_blas;
 llm_blas *llm_blas_create(int device, const char **why);
 void llm_blas_destroy(llm_blas *b);
 /* y[T][N] = x[T][K] w[N][K]^T (+ y when acc), x and w fp16, y fp32, fp32 sums on the tensor
- * cores; waits for the product.  0, or -1 when cuBLAS or CUDA reports an error. */
+ * cores; waits for the product (not on a caller's stream).  0, or -1 when cuBLAS or CUDA reports an error. */
 int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, int K, int N, int acc);
+/* The products on a CUDA stream of the caller's (a cudaStream_t of the device), enqueued and not
+ * waited for, or back on the handle's own stream, waited for (NULL).  0, or -1. */
+int llm_blas_set_stream(llm_blas *b, void *stream);
 /* Device memory in use (total - free) and the device's size; 0 and 0 where not known. */
 size_t llm_blas_memory(size_t *total);
 

@@ -191,6 +191,23 @@ size_t llm_dev_memory(const llm_dev_model *dm, size_t *total) {
   return llm_blas_memory(total);
 }
 
+int llm_dev_batch_set_stream(llm_dev_batch *b, kivi_cache *cache, int on) {
+  const llm_dev_model *dm = b->m;
+  if (!on) {
+    if (dm->blas) (void)llm_blas_set_stream(dm->blas, NULL);
+    b->stream = NULL;
+    return kivi_cache_set_stream(cache, NULL) == KIVI_OK ? 0 : -1;
+  }
+  if (!dm->on_gpu || !dm->blas) return -1;
+  void *h = NULL;
+  if (kivi_cache_get_stream(cache, &h) != KIVI_OK) return -1;
+  if (!h && (kivi_cache_set_stream(cache, KIVI_STREAM_LIBRARY) != KIVI_OK || kivi_cache_get_stream(cache, &h) != KIVI_OK))
+    return -1;
+  if (llm_blas_set_stream(dm->blas, h)) return -1;
+  b->stream = h;
+  return 0;
+}
+
 const char *llm_dev_matmul_name(const llm_dev_model *dm) {
   return dm->blas ? "cuBLAS" : dm->on_gpu ? "OpenMP target loop" : "host OpenMP loop";
 }
@@ -241,6 +258,7 @@ int llm_dev_batch_init(llm_dev_batch *b, const llm_dev_model *m, int max_rows, i
 
 void llm_dev_batch_free(llm_dev_batch *b) {
   if (!b->m) return;
+  if (b->stream && b->m->blas) (void)llm_blas_set_stream(b->m->blas, NULL); /* the stream may go with its cache */
   void *p[] = {b->x, b->qkv, b->q, b->k, b->v, b->att32, b->gu, b->logits, b->rope, b->xn, b->att, b->h, b->rows, b->best};
   for (size_t i = 0; i < sizeof p / sizeof *p; ++i) dev_free(b->m, p[i]);
   memset(b, 0, sizeof *b);
@@ -365,6 +383,190 @@ static void argmax(const llm_dev_model *dm, int *best, const float *logits, int 
   }
 }
 
+/* ---- the same kernels on a GPU, as CUDA-like `ompx_bare` regions ------------------------------
+ * Without the OpenMP device runtime a kernel is a plain CUDA launch, which a cache's stream can
+ * take (kivi_cache_stream_begin: the whole step enqueued, nothing waited for).  Element-wise
+ * kernels take a thread per element; the row reductions (RMSNorm: a warp per row; the argmax: a
+ * block of 1,024 threads per row) add in another order than the host loops, within fp32
+ * rounding of them. */
+#if KIVI_BUILT_WITH_OFFLOAD && defined(__clang__)
+#include <ompx.h>
+#define GPU_KERNELS 1
+enum { GNT = 256, GMAX_NT = 1024 };
+#pragma omp declare target
+#if defined(__NVPTX__)
+static inline float warp_bfly(float v, int o) { return __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, o, 0x1f); }
+static inline int warp_bfly_i(int v, int o) { return __nvvm_shfl_sync_bfly_i32(0xffffffffu, v, o, 0x1f); }
+#else /* the host pass of a device-only kernel: never runs */
+static inline float warp_bfly(float v, int o) { (void)o; return v; }
+static inline int warp_bfly_i(int v, int o) { (void)o; return v; }
+#endif
+#pragma omp end declare target
+static int gblocks(size_t n, int nt) { return (int)((n + (size_t)nt - 1) / (size_t)nt); }
+/* the element index of a thread of an element-wise kernel */
+#define GIDX ((size_t)ompx_block_id_x() * GNT + (size_t)ompx_thread_id_x())
+
+static void gpu_rmsnorm(const llm_dev_model *dm, f16 *xn, const float *x, const float *w, const int *sel, int T) {
+  const int dev = dm->device, D = dm->s.dim, nb = gblocks((size_t)T, GNT / 32);
+  const float eps = dm->s.rms_eps;
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(xn, x, w, sel) \
+    firstprivate(D, T, eps)
+  {
+    const int lane = ompx_thread_id_x() & 31, i = ompx_block_id_x() * (GNT / 32) + (ompx_thread_id_x() >> 5);
+    if (i < T) {
+      const float *xr = x + (size_t)(sel ? sel[i] : i) * D;
+      float ss = 0.0f;
+      for (int c = lane; c < D; c += 32) ss += xr[c] * xr[c];
+      for (int o = 16; o; o >>= 1) ss += warp_bfly(ss, o);
+      const float r = 1.0f / sqrtf(ss / (float)D + eps);
+      for (int c = lane; c < D; c += 32) xn[(size_t)i * D + c] = (f16)(xr[c] * r * w[c]);
+    }
+  }
+}
+
+static void gpu_embed(const llm_dev_model *dm, float *x, const int *rows, int T) {
+  const int dev = dm->device, D = dm->s.dim;
+  const size_t n = (size_t)T * D;
+  const int nb = gblocks(n, GNT);
+  const f16 *emb = dm->tok_embd;
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(x, rows, emb) \
+    firstprivate(D, n)
+  {
+    const size_t e = GIDX;
+    if (e < n) x[e] = (float)emb[(size_t)rows[2 * (e / D)] * D + e % D];
+  }
+}
+
+static void gpu_rope_table(const llm_dev_model *dm, float *rope, const int *rows, int T) {
+  const int dev = dm->device, hd = dm->s.head_dim;
+  const double base = dm->s.rope_base;
+  const size_t n = (size_t)T * (hd / 2);
+  const int nb = gblocks(n, GNT);
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(rope, rows) \
+    firstprivate(hd, base, n)
+  {
+    const size_t e = GIDX;
+    if (e < n) {
+      const size_t r = e / (size_t)(hd / 2);
+      const int i = (int)(e % (size_t)(hd / 2));
+      const double ang = (double)rows[2 * r + 1] * pow(base, -2.0 * i / hd);
+      rope[r * hd + 2 * i] = (float)cos(ang);
+      rope[r * hd + 2 * i + 1] = (float)sin(ang);
+    }
+  }
+}
+
+static void gpu_rope_split(const llm_dev_model *dm, const float *qkv, float *q, float *k, float *v, const float *rope,
+                           int T) {
+  const int dev = dm->device, D = dm->s.dim, hd = dm->s.head_dim, KV = dm->s.n_kv_heads * hd, W = D + 2 * KV;
+  const size_t n = (size_t)T * (W / 2);
+  const int nb = gblocks(n, GNT);
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(qkv, q, k, v, rope) \
+    firstprivate(D, hd, KV, W, n)
+  {
+    const size_t e = GIDX;
+    if (e < n) {
+      const size_t r = e / (size_t)(W / 2);
+      const int c = 2 * (int)(e % (size_t)(W / 2));
+      const float a = qkv[r * W + c], b = qkv[r * W + c + 1];
+      if (c >= D + KV) {
+        v[r * KV + c - D - KV] = a;
+        v[r * KV + c - D - KV + 1] = b;
+      } else {
+        const float cs = rope[r * hd + c % hd], sn = rope[r * hd + c % hd + 1];
+        float *o = c < D ? q + r * D + c : k + r * KV + c - D;
+        o[0] = a * cs - b * sn;
+        o[1] = a * sn + b * cs;
+      }
+    }
+  }
+}
+
+static void gpu_hadamard_rows(const llm_dev_model *dm, float *x, size_t nvec, int hd) {
+  const int dev = dm->device, nb = gblocks(nvec, GNT);
+  const float norm = 1.0f / sqrtf((float)hd);
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(x) \
+    firstprivate(nvec, hd, norm)
+  {
+    const size_t v = GIDX;
+    if (v < nvec) llm_hadamard_vec(x + v * hd, hd, norm);
+  }
+}
+
+static void gpu_silu_mul(const llm_dev_model *dm, f16 *h, const float *gu, int T) {
+  const int dev = dm->device, F = dm->s.ffn_dim;
+  const size_t n = (size_t)T * F;
+  const int nb = gblocks(n, GNT);
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(h, gu) firstprivate(F, n)
+  {
+    const size_t e = GIDX;
+    if (e < n) {
+      const size_t r = e / F, c = e % F;
+      const float g = gu[r * 2 * F + c], u = gu[r * 2 * F + F + c];
+      h[e] = (f16)(g / (1.0f + expf(-g)) * u);
+    }
+  }
+}
+
+static void gpu_to_f16(const llm_dev_model *dm, f16 *y, const float *x, size_t n) {
+  const int dev = dm->device, nb = gblocks(n, GNT);
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(y, x) firstprivate(n)
+  {
+    const size_t e = GIDX;
+    if (e < n) y[e] = (f16)x[e];
+  }
+}
+
+/* a block per row: each thread its strided share, then the warps, then the block (the largest
+ * value, the first index of it) */
+static void gpu_argmax(const llm_dev_model *dm, int *best, const float *logits, int n) {
+  const int dev = dm->device, V = dm->s.n_vocab;
+#pragma omp target teams ompx_bare num_teams(n) thread_limit(GMAX_NT) device(dev) is_device_ptr(best, logits) \
+    firstprivate(V)
+  {
+    static float s_m[GMAX_NT / 32];
+    static int s_i[GMAX_NT / 32];
+#pragma omp allocate(s_m, s_i) allocator(omp_pteam_mem_alloc)
+    const int tid = ompx_thread_id_x(), lane = tid & 31, wid = tid >> 5;
+    const float *l = logits + (size_t)ompx_block_id_x() * V;
+    float m = -INFINITY;
+    int at = V;
+    for (int c = tid; c < V; c += GMAX_NT)
+      if (l[c] > m) m = l[c], at = c; /* strictly larger: the first of equals */
+    for (int o = 16; o; o >>= 1) {
+      const float m2 = warp_bfly(m, o);
+      const int a2 = warp_bfly_i(at, o);
+      if (m2 > m || (m2 == m && a2 < at)) m = m2, at = a2;
+    }
+    if (!lane) s_m[wid] = m, s_i[wid] = at;
+    ompx_sync_block_acq_rel();
+    if (!wid) {
+      m = s_m[lane];
+      at = s_i[lane];
+      for (int o = 16; o; o >>= 1) {
+        const float m2 = warp_bfly(m, o);
+        const int a2 = warp_bfly_i(at, o);
+        if (m2 > m || (m2 == m && a2 < at)) m = m2, at = a2;
+      }
+      if (!lane) best[ompx_block_id_x()] = at < V ? at : 0;
+    }
+  }
+}
+#else
+#define GPU_KERNELS 0
+#define GPU_STUB(...) (void)0
+#define gpu_rmsnorm(...) GPU_STUB()
+#define gpu_embed(...) GPU_STUB()
+#define gpu_rope_table(...) GPU_STUB()
+#define gpu_rope_split(...) GPU_STUB()
+#define gpu_hadamard_rows(...) GPU_STUB()
+#define gpu_silu_mul(...) GPU_STUB()
+#define gpu_to_f16(...) GPU_STUB()
+#define gpu_argmax(...) GPU_STUB()
+#endif
+/* on a GPU the bare kernels, elsewhere the loops above */
+#define ON_DEVICE(dm, name, ...) ((GPU_KERNELS && (dm)->on_gpu) ? gpu_##name(dm, __VA_ARGS__) : name(dm, __VA_ARGS__))
+
 /* ---- the forward pass ----------------------------------------------------------------------- */
 #define TIMED(slot, call)                                                                          \
   do {                                                                                             \
@@ -408,24 +610,39 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
   const int D = s->dim, F = s->ffn_dim, KV = s->n_kv_heads * s->head_dim, H = s->n_heads;
   const float scale = 1.0f / sqrtf((float)s->head_dim);
   const int rot = dm->rotate, rot_v = (rot & LLM_ROTATE_V) != 0, hd = s->head_dim;
-  int rc = 0;
+  int rc = 0, scoped = 0;
+  /* on a stream: every kernel of the call enqueued there (the cache's calls _async, the products
+   * through cuBLAS on it, the regions above in the stream's scope), one wait at the end */
+  const int on_stream = b->stream != NULL;
+  if (on_stream) {
+    void *cs = NULL;
+    if (kivi_cache_get_stream(cache, &cs) != KIVI_OK || cs != b->stream) {
+      free(rows);
+      return KIVI_ERR_ARG;
+    }
+  }
   TIMED(other, rc = upload(dm, b->rows, rows, (2 * (size_t)T + (size_t)n_seqs) * sizeof *rows));
   if (rc) TRY(KIVI_ERR_DEVICE);
-  TIMED(other, embed(dm, b->x, b->rows, T); rope_table(dm, b->rope, b->rows, T));
+  if (on_stream) {
+    TRY(kivi_cache_stream_begin(cache));
+    scoped = 1;
+  }
+  TIMED(other, ON_DEVICE(dm, embed, b->x, b->rows, T); ON_DEVICE(dm, rope_table, b->rope, b->rows, T));
   for (int l = 0; l < s->n_layers; ++l) {
     const llm_dev_layer *L = &dm->layers[l];
-    TIMED(other, rmsnorm(dm, b->xn, b->x, L->attn_norm, NULL, T));
+    TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, L->attn_norm, NULL, T));
     TIMED(matmul, rc = matmul(dm, b->qkv, b->xn, L->wqkv, T, D, D + 2 * KV, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
-    TIMED(other, rope_split(dm, b->qkv, b->q, b->k, b->v, b->rope, T));
-    if (rot & LLM_ROTATE_K) TIMED(other, hadamard_rows(dm, b->k, (size_t)T * s->n_kv_heads, hd);
-                                  hadamard_rows(dm, b->q, (size_t)T * H, hd));
-    if (rot & LLM_ROTATE_V) TIMED(other, hadamard_rows(dm, b->v, (size_t)T * s->n_kv_heads, hd));
+    TIMED(other, ON_DEVICE(dm, rope_split, b->qkv, b->q, b->k, b->v, b->rope, T));
+    if (rot & LLM_ROTATE_K) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->k, (size_t)T * s->n_kv_heads, hd);
+                                  ON_DEVICE(dm, hadamard_rows, b->q, (size_t)T * H, hd));
+    if (rot & LLM_ROTATE_V) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->v, (size_t)T * s->n_kv_heads, hd));
     if (decode) {
-      TIMED(append, st = kivi_cache_append(cache, l, n_seqs, seq_ids, n_new, b->k, b->v, KIVI_F32, KIVI_MEM_DEVICE));
+      TIMED(append, st = (on_stream ? kivi_cache_append_async : kivi_cache_append)(cache, l, n_seqs, seq_ids, n_new, b->k,
+                                                                                 b->v, KIVI_F32, KIVI_MEM_DEVICE));
       TRY(st);
       /* rotated values: the output in fp32, rotated back below, then to fp16 */
-      TIMED(attention, st = kivi_attention_decode(cache, l, n_seqs, seq_ids, H, b->q, scale,
+      TIMED(attention, st = (on_stream ? kivi_attention_decode_async : kivi_attention_decode)(cache, l, n_seqs, seq_ids, H, b->q, scale,
                                                   rot_v ? (void *)b->att32 : (void *)b->att, rot_v ? KIVI_F32 : KIVI_F16,
                                                   KIVI_MEM_DEVICE));
       TRY(st);
@@ -437,26 +654,34 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
       TRY(st);
     }
     if (!decode || rot_v) {
-      if (rot_v) TIMED(other, hadamard_rows(dm, b->att32, (size_t)T * H, hd));
-      TIMED(other, to_f16(dm, b->att, b->att32, (size_t)T * D));
+      if (rot_v) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->att32, (size_t)T * H, hd));
+      TIMED(other, ON_DEVICE(dm, to_f16, b->att, b->att32, (size_t)T * D));
     }
     TIMED(matmul, rc = matmul(dm, b->x, b->att, L->wo, T, D, D, 1));
     if (rc) TRY(KIVI_ERR_DEVICE);
-    TIMED(other, rmsnorm(dm, b->xn, b->x, L->ffn_norm, NULL, T));
+    TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, L->ffn_norm, NULL, T));
     TIMED(matmul, rc = matmul(dm, b->gu, b->xn, L->wgu, T, D, 2 * F, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
-    TIMED(other, silu_mul(dm, b->h, b->gu, T));
+    TIMED(other, ON_DEVICE(dm, silu_mul, b->h, b->gu, T));
     TIMED(matmul, rc = matmul(dm, b->x, b->h, L->wdown, T, F, D, 1));
     if (rc) TRY(KIVI_ERR_DEVICE);
   }
   if (logits || best) {
     const int nl = all_logits ? T : n_seqs; /* logit rows: every token, or each sequence's last */
-    TIMED(other, rmsnorm(dm, b->xn, b->x, dm->out_norm, all_logits ? NULL : b->rows + 2 * T, nl));
+    TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, dm->out_norm, all_logits ? NULL : b->rows + 2 * T, nl));
     TIMED(matmul, rc = matmul(dm, b->logits, b->xn, dm->output, nl, D, s->n_vocab, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
+    if (best) TIMED(other, ON_DEVICE(dm, argmax, b->best, b->logits, n_seqs));
+  }
+  if (scoped) { /* the step's work, and the errors of its _async calls */
+    scoped = 0;
+    TIMED(other, st = kivi_cache_wait(cache); (void)kivi_cache_stream_end(cache));
+    TRY(st);
+  }
+  if (logits || best) {
+    const int nl = all_logits ? T : n_seqs;
     if (best) {
-      TIMED(other, argmax(dm, b->best, b->logits, n_seqs);
-            rc = download(dm, best, b->best, (size_t)n_seqs * sizeof *best));
+      TIMED(other, rc = download(dm, best, b->best, (size_t)n_seqs * sizeof *best));
       if (rc) TRY(KIVI_ERR_DEVICE);
     }
     if (logits) {
@@ -465,6 +690,10 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
     }
   }
 done:
+  if (scoped) { /* an error part way: the work enqueued so far, then out of the scope */
+    (void)kivi_cache_wait(cache);
+    (void)kivi_cache_stream_end(cache);
+  }
   free(rows);
   if (times) {
     times->matmul += tm.matmul;

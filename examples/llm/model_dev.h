@@ -63,6 +63,7 @@ typedef struct llm_dev_batch {
   _Float16 *xn, *att, *h;
   int *rows; /* [2 max_rows]: token, position */
   int *best; /* [max_seqs] argmax of each row's logits */
+  void *stream; /* llm_dev_batch_set_stream: the CUDA stream every forward call enqueues on */
 } llm_dev_batch;
 
 /* `device`: an OpenMP device number (omp_get_initial_device() for the host).  0, or -1 with a
@@ -93,6 +94,15 @@ void llm_dev_batch_free(llm_dev_batch *b);
 kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, const int *seq_ids,
                             const int *n_new, const int *start_pos, const int *tokens, float *logits, int all_logits,
                             int *best, llm_dev_times *times);
+
+/* The whole forward pass on one CUDA stream (on 1): the cache's stream (a stream of the
+ * library's own is set on it if it has none), the products there through cuBLAS, the model's
+ * kernels there too (kivi_cache_stream_begin; the program must be linked with the library's
+ * stream_regions_ldflags), one wait per forward call.  on 0: back to synchronous calls, the
+ * cache's stream unset.  Later forward calls must pass this cache.  0, or -1 where there is no
+ * stream to use (a host model, no cuBLAS, a cache without the CUDA driver); nothing changes then.
+ * The model's cuBLAS handle follows the last call: one streamed batch at a time per model. */
+int llm_dev_batch_set_stream(llm_dev_batch *b, kivi_cache *cache, int on);
 
 /* Bytes of device memory in use (cudaMemGetInfo: total - free), and in *total (may be NULL) the
  * device's size; both 0 where not known (the host, a build without the CUDA runtime). */
