@@ -149,7 +149,8 @@ void kivi_stream_close(kivi_stream *s);
 void kivi_stream_enter(kivi_cache *c);
 void kivi_stream_leave(kivi_cache *c);
 /* kivi_cache_stream_begin / _end: the calling thread's scope on c's stream (on 1) or its end (on
- * 0); -1 without a stream, or, ending, when the thread's scope is not c's. */
+ * 0); -1 without a stream, or, ending, when the thread's scope is not c's.  The scope routes
+ * only the program's regions (the hooks); the library's follow kivi_stream_enter / _leave. */
 int kivi_stream_scope(kivi_cache *c, int on);
 int kivi_stream_sync(kivi_cache *c);
 void *kivi_stream_handle(const kivi_cache *c);

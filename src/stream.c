@@ -157,9 +157,9 @@ static kernel_fn g_next_kernel;
 static pthread_once_t g_next_once = PTHREAD_ONCE_INIT;
 static void find_next_kernel(void) { g_next_kernel = (kernel_fn)dlsym(RTLD_DEFAULT, "__tgt_target_kernel"); }
 
-/* The stream of the cache whose call this thread is in (kivi_stream_enter), or NULL; t_scope:
- * the stream of the caller's scope (kivi_cache_stream_begin), which t_stream returns to when a
- * call ends. */
+/* The stream of the cache whose call this thread is in (kivi_stream_enter), or NULL: where the
+ * library's own regions go.  t_scope: the stream of the caller's scope (kivi_cache_stream_begin),
+ * or NULL: where the program's regions go (they come through the hooks). */
 static _Thread_local kivi_stream *t_stream, *t_scope;
 
 /* ---- per device: its context, each image as a CUDA module, the kernels looked up in them ---- */
@@ -345,9 +345,9 @@ static int launch(kivi_stream *s, CUfunction fn, tgt_kargs *a) {
   return cu.LaunchKernel(fn, gx, gy, gz, bx, by, bz, 0, s->stream, par, NULL) ? -2 : 0;
 }
 
-static int target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region, tgt_kargs *args) {
+static int target_kernel(kivi_stream *s, void *loc, int64_t device, int32_t teams, int32_t threads, void *region,
+                         tgt_kargs *args) {
   pthread_once(&g_next_once, find_next_kernel);
-  kivi_stream *s = t_stream;
   if (s && device == s->device && !(args->flags & 1)) { /* not `nowait` */
     CUfunction fn = kernel_of(s->m, region);
     const int r = fn ? launch(s, fn, args) : -1;
@@ -364,14 +364,14 @@ static int target_kernel(void *loc, int64_t device, int32_t teams, int32_t threa
 }
 
 int __tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region, tgt_kargs *args) {
-  return target_kernel(loc, device, teams, threads, region, args);
+  return target_kernel(t_stream, loc, device, teams, threads, region, args);
 }
 
 /* The hooks a program links to with --wrap (kivi.h): its image and regions come here first. */
 int __wrap___tgt_register_lib(void *desc) { return __tgt_register_lib(desc); }
 int __wrap___tgt_target_kernel(void *loc, int64_t device, int32_t teams, int32_t threads, void *region,
                                void *args) {
-  return target_kernel(loc, device, teams, threads, region, args);
+  return target_kernel(t_scope, loc, device, teams, threads, region, args);
 }
 
 /* ---- the library's side ---- */
@@ -429,16 +429,17 @@ void kivi_stream_enter(kivi_cache *c) {
 }
 void kivi_stream_leave(kivi_cache *c) {
   (void)c;
-  t_stream = t_scope;
+  t_stream = NULL;
+  if (t_scope) (void)cu.CtxSetCurrent(t_scope->m->ctx); /* the scope's device again */
 }
 
 int kivi_stream_scope(kivi_cache *c, int on) {
   if (on) {
     if (!c->stream || cu.CtxSetCurrent(c->stream->m->ctx)) return -1;
-    t_scope = t_stream = c->stream;
+    t_scope = c->stream;
   } else {
-    if (t_scope != c->stream) return -1;
-    t_scope = t_stream = NULL;
+    if (!c->stream || t_scope != c->stream) return -1;
+    t_scope = NULL;
   }
   return 0;
 }
