@@ -567,7 +567,8 @@ KIVI_API kivi_status kivi_cache_get_stream(const kivi_cache *cache, void **strea
  * `stream_regions_ldflags`), which hands the program's device image and regions to the library
  * first (the hooks below); without those flags, the scope changes nothing.  Calls on caches
  * inside the scope work as usual.  End the scope before the cache's stream is changed or the
- * cache destroyed.
+ * cache destroyed (a scope still open on the calling thread then ends with the stream; one
+ * open on another thread is left pointing at a freed stream).
  * @return ::KIVI_OK; ::KIVI_ERR_ARG for a NULL cache or one without a stream;
  *         ::KIVI_ERR_DEVICE if the device's context cannot be made current. */
 KIVI_API KIVI_NODISCARD kivi_status kivi_cache_stream_begin(kivi_cache *cache);

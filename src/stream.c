@@ -414,6 +414,7 @@ kivi_status kivi_stream_open(const kivi_cache *c, void *stream, kivi_stream **ou
 
 void kivi_stream_close(kivi_stream *s) {
   if (!s) return;
+  if (t_scope == s) t_scope = NULL; /* a scope left open on this thread: ended with its stream */
   (void)cu.CtxSetCurrent(s->m->ctx);
   (void)deliver_and_reset(s);
   if (s->own) cu.StreamDestroy(s->stream);

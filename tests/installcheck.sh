@@ -21,6 +21,12 @@ ran=""
 # 1. C
 $cc $(pc --cflags) "$src/examples/kivi_hello.c" -o "$tmp/hello_c" $(pc --libs) -lm $rpath
 "$tmp/hello_c" | tail -1
+# the link flags for a program's own regions on a cache's stream (kivi_cache_stream_begin)
+sl=$(pc --variable=stream_regions_ldflags)
+[ -n "$sl" ] || { echo "FAIL: libkivi-omp.pc has no stream_regions_ldflags"; exit 1; }
+$cc $(pc --cflags) "$src/examples/kivi_hello.c" -o "$tmp/hello_c_wrap" $(pc --libs) -lm $rpath $sl
+"$tmp/hello_c_wrap" >/dev/null
+echo "installcheck: linked and ran with stream_regions_ldflags '$sl'"
 ran="$ran C"
 # 2. C++
 if [ -n "$cxx" ] && command -v "$cxx" >/dev/null 2>&1; then

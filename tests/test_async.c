@@ -235,7 +235,8 @@ END_TEST
 
 /* The caller's scope on a cache's stream (kivi_cache_stream_begin / _end): refused without a
  * stream and for a scope the thread is not in; with a stream, the library's calls inside the
- * scope work and leave the scope as it was (it still ends once, then no more). */
+ * scope work and leave the scope as it was (it still ends once, then no more); a scope still
+ * open when the stream is unset ends with it. */
 START_TEST(stream_scope) {
   kivi_context *ctx = tu_context();
   const geom *g = &GEOMS[0];
@@ -255,7 +256,10 @@ START_TEST(stream_scope) {
     ck_assert_int_eq(kivi_cache_stream_end(c), KIVI_ERR_ARG);
     snapshot sc = snap(c), sd = snap(d);
     same(&sc, &sd);
+    /* a scope still open when its stream goes ends with it */
+    ck_assert_int_eq(kivi_cache_stream_begin(c), KIVI_OK);
     ck_assert_int_eq(kivi_cache_set_stream(c, NULL), KIVI_OK);
+    ck_assert_int_eq(kivi_cache_stream_end(c), KIVI_ERR_ARG);
     free(sc.bytes);
     free(sd.bytes);
     free(k);
