@@ -504,7 +504,8 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_extend_async(kivi_cache *cach
                                                                 const float *k_new, const float *v_new,
                                                                 float softmax_scale, float *out,
                                                                 float *lse, kivi_mem mem);
-/** Waits for all work enqueued on the cache; ::KIVI_OK, or the first run-time error (see above). */
+/** Waits for all work enqueued on the cache (on a cache with a CUDA stream: everything on the
+ * stream, the caller's work there included); ::KIVI_OK, or the first run-time error (see above). */
 KIVI_API kivi_status kivi_cache_wait(kivi_cache *cache);
 /** The address the cache's enqueued regions name in their depend clauses; NULL for NULL. */
 KIVI_API void *kivi_cache_dependence(kivi_cache *cache);
