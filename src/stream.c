@@ -520,9 +520,7 @@ int kivi_stream_put(kivi_cache *c, void *dst_dev, const void *src_host, size_t b
 int kivi_stream_get(kivi_cache *c, void *dst_host, const void *src_dev, size_t bytes) {
   return kivi_dev_get(c->ctx, dst_host, src_dev, bytes);
 }
-#endif
 
-#if !(KIVI_HAVE_OFFLOAD && defined(__linux__))
 /* Without offload the hooks have nothing to route: they pass each call on to the runtime, if the
  * program has one. */
 #if defined(__linux__)

@@ -201,9 +201,13 @@ int llm_dev_batch_set_stream(llm_dev_batch *b, kivi_cache *cache, int on) {
   if (!dm->on_gpu || !dm->blas) return -1;
   void *h = NULL;
   if (kivi_cache_get_stream(cache, &h) != KIVI_OK) return -1;
-  if (!h && (kivi_cache_set_stream(cache, KIVI_STREAM_LIBRARY) != KIVI_OK || kivi_cache_get_stream(cache, &h) != KIVI_OK))
+  const int made = !h; /* the library's own stream, set here: unset again on a failure */
+  if (made && (kivi_cache_set_stream(cache, KIVI_STREAM_LIBRARY) != KIVI_OK || kivi_cache_get_stream(cache, &h) != KIVI_OK))
     return -1;
-  if (llm_blas_set_stream(dm->blas, h)) return -1;
+  if (llm_blas_set_stream(dm->blas, h)) {
+    if (made && kivi_cache_set_stream(cache, NULL) != KIVI_OK) return -1; /* -1 whether or not the undo works */
+    return -1;
+  }
   b->stream = h;
   return 0;
 }
@@ -401,6 +405,14 @@ static inline int warp_bfly_i(int v, int o) { return __nvvm_shfl_sync_bfly_i32(0
 static inline float warp_bfly(float v, int o) { (void)o; return v; }
 static inline int warp_bfly_i(int v, int o) { (void)o; return v; }
 #endif
+/* the larger of two (value, index) candidates, the first index of equal values */
+static inline void argmax_pair(float *m, int *at, float m2, int a2) {
+  if (m2 > *m || (m2 == *m && a2 < *at)) *m = m2, *at = a2;
+}
+/* a warp's (value, index) candidates reduced to the largest, in every lane */
+static inline void warp_argmax(float *m, int *at) {
+  for (int o = 16; o; o >>= 1) argmax_pair(m, at, warp_bfly(*m, o), warp_bfly_i(*at, o));
+}
 #pragma omp end declare target
 static int gblocks(size_t n, int nt) { return (int)((n + (size_t)nt - 1) / (size_t)nt); }
 /* the element index of a thread of an element-wise kernel */
@@ -533,21 +545,13 @@ static void gpu_argmax(const llm_dev_model *dm, int *best, const float *logits, 
     int at = V;
     for (int c = tid; c < V; c += GMAX_NT)
       if (l[c] > m) m = l[c], at = c; /* strictly larger: the first of equals */
-    for (int o = 16; o; o >>= 1) {
-      const float m2 = warp_bfly(m, o);
-      const int a2 = warp_bfly_i(at, o);
-      if (m2 > m || (m2 == m && a2 < at)) m = m2, at = a2;
-    }
+    warp_argmax(&m, &at);
     if (!lane) s_m[wid] = m, s_i[wid] = at;
     ompx_sync_block_acq_rel();
     if (!wid) {
       m = s_m[lane];
       at = s_i[lane];
-      for (int o = 16; o; o >>= 1) {
-        const float m2 = warp_bfly(m, o);
-        const int a2 = warp_bfly_i(at, o);
-        if (m2 > m || (m2 == m && a2 < at)) m = m2, at = a2;
-      }
+      warp_argmax(&m, &at);
       if (!lane) best[ompx_block_id_x()] = at < V ? at : 0;
     }
   }
@@ -666,8 +670,8 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
     TIMED(matmul, rc = matmul(dm, b->x, b->h, L->wdown, T, F, D, 1));
     if (rc) TRY(KIVI_ERR_DEVICE);
   }
+  const int nl = all_logits ? T : n_seqs; /* logit rows: every token, or each sequence's last */
   if (logits || best) {
-    const int nl = all_logits ? T : n_seqs; /* logit rows: every token, or each sequence's last */
     TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, dm->out_norm, all_logits ? NULL : b->rows + 2 * T, nl));
     TIMED(matmul, rc = matmul(dm, b->logits, b->xn, dm->output, nl, D, s->n_vocab, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
@@ -679,7 +683,6 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
     TRY(st);
   }
   if (logits || best) {
-    const int nl = all_logits ? T : n_seqs;
     if (best) {
       TIMED(other, rc = download(dm, best, b->best, (size_t)n_seqs * sizeof *best));
       if (rc) TRY(KIVI_ERR_DEVICE);
