@@ -291,9 +291,10 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
      * split length allows (the last block of a (row, chunk) combines its splits alone:
      * docs/PERF.md, round 18) */
     const int64_t nb = (int64_t)rows * H * nqc;
-    int64_t nf = (KIVI_F16_BLOCKS + nb - 1) / nb;
-    if (nf > maxLc / 256) nf = maxLc / 256;
-    if (nf > KIVI_F16_MAXSPLITS) nf = KIVI_F16_MAXSPLITS;
+    const int st = kivi_f16_streamed(HQ / H);
+    int64_t nf = ((st ? KIVI_F16S_BLOCKS : KIVI_F16_BLOCKS) + nb - 1) / nb;
+    if (nf > maxLc / (st ? KIVI_F16S_MINSPLIT : KIVI_F16_MINSPLIT)) nf = maxLc / (st ? KIVI_F16S_MINSPLIT : KIVI_F16_MINSPLIT);
+    if (nf > (st ? KIVI_F16S_MAXSPLITS : KIVI_F16_MAXSPLITS)) nf = st ? KIVI_F16S_MAXSPLITS : KIVI_F16_MAXSPLITS;
     if (nf < (maxLc + split - 1) / split) nf = (maxLc + split - 1) / split;
     if (nf < 1) nf = 1;
     int64_t fs = ((maxLc + nf - 1) / nf + 63) / 64 * 64;

@@ -125,8 +125,33 @@ static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) {
   __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(dst));
   __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(a), "l"(src) : "memory");
 }
+/* the same to the shared-memory address a (fk_saddr) */
+static inline __attribute__((unused)) uint32_t fk_saddr(const void *p) {
+  uint32_t a;
+  __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(p));
+  return a;
+}
+static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src) {
+  __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(a), "l"(src) : "memory");
+}
 static inline __attribute__((unused)) void fk_cp_commit(void) { __asm__ volatile("cp.async.commit_group;" : : : "memory"); }
 #define fk_cp_wait(n) __asm__ volatile("cp.async.wait_group %0;" : : "n"(n) : "memory")
+/* Four 8 x 8 matrices of 16-bit elements from shared memory (ldmatrix, sm_75+): lane l gives the
+ * address p of row l % 8 of matrix l / 8 (16 bytes), and r[i] receives matrix i's fragment, lane
+ * (g, t) its row g, elements 2 t and 2 t + 1 (fk_ldsm4t: of the transposed matrix, that is rows
+ * 2 t and 2 t + 1 of column g).  Whole warp; after the copies' wait and a warp barrier. */
+static inline __attribute__((unused)) void fk_ldsm4(uint32_t *r, const void *p) {
+  uint32_t a;
+  __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(p));
+  __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+static inline __attribute__((unused)) void fk_ldsm4t(uint32_t *r, const void *p) {
+  uint32_t a;
+  __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(p));
+  __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
 static inline fk_v4u ld16(const uint32_t *p) { return __nvvm_ldg_ui4((const fk_v4u *)p); }
 static inline fk_v2u ld8(const uint32_t *p) { return __nvvm_ldg_ui2((const fk_v2u *)p); }
 static inline uint32_t ld4(const uint32_t *p) { return __nvvm_ldg_ui(p); }
@@ -165,8 +190,16 @@ static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uin
   d[0] += (float)(a0 ^ b0); d[1] += (float)(a1 ^ b1); d[2] += (float)(a2 ^ b0); d[3] += (float)(a3 ^ b1);
 }
 static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
+static inline __attribute__((unused)) uint32_t fk_saddr(const void *p) { return (uint32_t)(uintptr_t)p; }
+static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src) { (void)a; (void)src; }
 static inline __attribute__((unused)) void fk_cp_commit(void) {}
 #define fk_cp_wait(n) ((void)(n))
+static inline __attribute__((unused)) void fk_ldsm4(uint32_t *r, const void *p) {
+  memcpy(r, p, 16);
+}
+static inline __attribute__((unused)) void fk_ldsm4t(uint32_t *r, const void *p) {
+  memcpy(r, p, 16);
+}
 static inline fk_v4u ld16(const uint32_t *p) { fk_v4u r = {p[0], p[1], p[2], p[3]}; return r; }
 static inline fk_v2u ld8(const uint32_t *p) { fk_v2u r = {p[0], p[1]}; return r; }
 static inline uint32_t ld4(const uint32_t *p) { return *p; }
@@ -512,6 +545,14 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int dev = c->ctx->device;
   const int nblk = rows * H * nqc * nf;
   if (nblk <= 0) return;
+#if KIVI_F16_STREAM /* the streamed kernel, for 2 or more query heads per kv-head (internal.h) */
+  if (kivi_f16_streamed(gsz)) {
+#define KIVI_REGION_FILE "attention_f16s.inc"
+#include "region_d.inc"
+#undef KIVI_REGION_FILE
+    return;
+  }
+#endif
 #define KIVI_REGION_FILE "attention_f16.inc"
   if (chunk == 8) {
 #define F16_NH 8

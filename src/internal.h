@@ -236,10 +236,34 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
  * tokens, a multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by
  * the last block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head).
  * Chunks of 8 where a kv-head has more than 4 query heads (its K and V read once for them). */
-static inline int kivi_f16_heads(int gsz) { return gsz > 4 ? 8 : 4; }
+/* 1: where a kv-head has KIVI_F16_STREAM_GSZ or more query heads, the streamed kernel
+ * (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
+ * softmax, no block barrier) instead.  Both pass the GPU tests; the streamed one is built only
+ * with CPPFLAGS=-DKIVI_F16_STREAM=1, for measurement (docs/PERF.md, round 26). */
+#ifndef KIVI_F16_STREAM
+#define KIVI_F16_STREAM 0
+#endif
+#ifndef KIVI_F16_STREAM_GSZ
+#define KIVI_F16_STREAM_GSZ 2 /* query heads per kv-head from which the streamed kernel serves */
+#endif
+static inline int kivi_f16_streamed(int gsz) { return KIVI_F16_STREAM && gsz >= KIVI_F16_STREAM_GSZ; }
+static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(gsz) ? 8 : 4; }
 #define KIVI_F16_SPLIT(nh) (8192 / (nh)) /* s_p: nh x split floats */
 #define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
 #define KIVI_F16_MAXSPLITS 32
+/* the streamed kernel's plan (attention_f16s.inc: blocks of 2 warps, 6 per SM of an H200) */
+#ifndef KIVI_F16S_BLOCKS
+#define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
+#endif
+#ifndef KIVI_F16S_MAXSPLITS
+#define KIVI_F16S_MAXSPLITS 64
+#endif
+#ifndef KIVI_F16S_MINSPLIT
+#define KIVI_F16S_MINSPLIT 128
+#endif
+#ifndef KIVI_F16_MINSPLIT
+#define KIVI_F16_MINSPLIT 256 /* tokens a split has at least where the plan may choose */
+#endif
 int kivi_gpu_f16_eligible(const kivi_cache *c);
 void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                          int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
