@@ -289,12 +289,14 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     /* about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM), splits of 256 to
      * `split` tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them where the
      * split length allows (the last block of a (row, chunk) combines its splits alone:
-     * docs/PERF.md, round 18) */
+     * docs/PERF.md, round 18); the streamed kernel's own KIVI_F16S_* bounds where it serves */
     const int64_t nb = (int64_t)rows * H * nqc;
     const int st = kivi_f16_streamed(HQ / H);
-    int64_t nf = ((st ? KIVI_F16S_BLOCKS : KIVI_F16_BLOCKS) + nb - 1) / nb;
-    if (nf > maxLc / (st ? KIVI_F16S_MINSPLIT : KIVI_F16_MINSPLIT)) nf = maxLc / (st ? KIVI_F16S_MINSPLIT : KIVI_F16_MINSPLIT);
-    if (nf > (st ? KIVI_F16S_MAXSPLITS : KIVI_F16_MAXSPLITS)) nf = st ? KIVI_F16S_MAXSPLITS : KIVI_F16_MAXSPLITS;
+    const int64_t blocks = st ? KIVI_F16S_BLOCKS : KIVI_F16_BLOCKS, minsplit = st ? KIVI_F16S_MINSPLIT : KIVI_F16_MINSPLIT,
+                  maxsplits = st ? KIVI_F16S_MAXSPLITS : KIVI_F16_MAXSPLITS;
+    int64_t nf = (blocks + nb - 1) / nb;
+    if (nf > maxLc / minsplit) nf = maxLc / minsplit;
+    if (nf > maxsplits) nf = maxsplits;
     if (nf < (maxLc + split - 1) / split) nf = (maxLc + split - 1) / split;
     if (nf < 1) nf = 1;
     int64_t fs = ((maxLc + nf - 1) / nf + 63) / 64 * 64;

@@ -120,20 +120,17 @@ static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uin
  * groups: commit closes the thread's copies issued since the last commit into a group; wait
  * returns when at most n of the thread's groups are still in flight (n a constant).  The data
  * are visible to the copying thread after the wait, to the other lanes after a warp barrier. */
-static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) {
-  uint32_t a;
-  __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(dst));
-  __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(a), "l"(src) : "memory");
-}
-/* the same to the shared-memory address a (fk_saddr) */
+/* the 32-bit shared-memory address of a generic pointer p into shared memory */
 static inline __attribute__((unused)) uint32_t fk_saddr(const void *p) {
   uint32_t a;
   __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(p));
   return a;
 }
+/* the copy to the shared-memory address a (fk_saddr), and to the generic pointer dst */
 static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src) {
   __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(a), "l"(src) : "memory");
 }
+static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { fk_cp16s(fk_saddr(dst), src); }
 static inline __attribute__((unused)) void fk_cp_commit(void) { __asm__ volatile("cp.async.commit_group;" : : : "memory"); }
 #define fk_cp_wait(n) __asm__ volatile("cp.async.wait_group %0;" : : "n"(n) : "memory")
 /* Four 8 x 8 matrices of 16-bit elements from shared memory (ldmatrix, sm_75+): lane l gives the
@@ -141,16 +138,12 @@ static inline __attribute__((unused)) void fk_cp_commit(void) { __asm__ volatile
  * (g, t) its row g, elements 2 t and 2 t + 1 (fk_ldsm4t: of the transposed matrix, that is rows
  * 2 t and 2 t + 1 of column g).  Whole warp; after the copies' wait and a warp barrier. */
 static inline __attribute__((unused)) void fk_ldsm4(uint32_t *r, const void *p) {
-  uint32_t a;
-  __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(p));
   __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fk_saddr(p)) : "memory");
 }
 static inline __attribute__((unused)) void fk_ldsm4t(uint32_t *r, const void *p) {
-  uint32_t a;
-  __asm__("{.reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t;}" : "=r"(a) : "l"(p));
   __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fk_saddr(p)) : "memory");
 }
 static inline fk_v4u ld16(const uint32_t *p) { return __nvvm_ldg_ui4((const fk_v4u *)p); }
 static inline fk_v2u ld8(const uint32_t *p) { return __nvvm_ldg_ui2((const fk_v2u *)p); }
