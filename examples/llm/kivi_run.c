@@ -8,7 +8,7 @@
  *
  * Common options: --model PATH, --kv fp16|kivi2|kivi4, --k-bits/--v-bits/--group/--residual,
  * --fake-quant [--k-axis channel|token] [--v-axis token|channel], --chunk N, --device
- * default|host|N, --forward auto|host|device, --no-stream, --json FILE, --quiet.  `kivi-run --help` lists
+ * default|host|N, --forward auto|host|device, --precision f16|f32, --no-stream, --json FILE, --quiet.  `kivi-run --help` lists
  * them all. */
 #include <errno.h>
 #include <math.h>
@@ -39,6 +39,7 @@ typedef struct options {
   int score_half; /* ppl --score second-half: llama-perplexity's scoring */
   int edge_layers, edge_k_bits, edge_v_bits; /* per-layer widths */
   int forward; /* FWD_*: where the model (not only the cache) runs */
+  int f32;     /* --precision f32: the device model's weights and products in fp32 */
   double temperature;
   unsigned long long seed;
 } options;
@@ -85,6 +86,8 @@ static const char usage_text[] =
         "                     device (on a GPU: fp16 weights, cuBLAS products, OpenMP target\n"
         "                     regions), host = fp32 on host threads; auto (default) = device when\n"
         "                     the cache is on a GPU and no --fake-quant or --edge-layers\n"
+        "  --precision f16|f32   the device model's weights and product inputs (f16, default) or\n"
+        "                     fp32 throughout, as the host model computes (cuBLAS without TF32)\n"
         "  --no-stream        on a GPU, each call of the model waited for (default: every forward\n"
         "                     step enqueued on one CUDA stream, waited for once)\n"
         "  --json FILE        write the results as JSON\n"
@@ -151,7 +154,7 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--edge-k-bits")) iv = &o->edge_k_bits;
     else if (!strcmp(a, "--edge-v-bits")) iv = &o->edge_v_bits;
     else if (!strcmp(a, "--k-axis") || !strcmp(a, "--v-axis") || !strcmp(a, "--device") || !strcmp(a, "--score") ||
-             !strcmp(a, "--rotate") || !strcmp(a, "--rotate-by") || !strcmp(a, "--forward") ||
+             !strcmp(a, "--rotate") || !strcmp(a, "--rotate-by") || !strcmp(a, "--forward") || !strcmp(a, "--precision") ||
              !strcmp(a, "--temperature") || !strcmp(a, "--seed")) {
       if (!val) goto missing;
       ++i;
@@ -160,6 +163,9 @@ static int parse_args(int argc, char **argv, options *o) {
         else if (!strcmp(val, "host")) o->forward = FWD_HOST;
         else if (!strcmp(val, "device")) o->forward = FWD_DEVICE;
         else goto bad;
+      } else if (!strcmp(a, "--precision")) {
+        if (strcmp(val, "f16") && strcmp(val, "f32")) goto bad;
+        o->f32 = !strcmp(val, "f32");
       } else if (!strcmp(a, "--rotate-by")) {
         if (!strcmp(val, "cache")) o->rotate_by = ROT_BY_CACHE;
         else if (!strcmp(val, "model")) o->rotate_by = ROT_BY_MODEL;
@@ -389,7 +395,7 @@ static int runner_start(runner *r, int max_len) {
   r->on_dev = r->o.forward == FWD_DEVICE || (r->o.forward == FWD_AUTO && info.on_gpu && !simulated);
   if (r->on_dev) {
     char err[256];
-    if (llm_dev_model_from_host(&r->dm, m, info.device, err, sizeof err)) {
+    if (llm_dev_model_from_host(&r->dm, m, info.device, r->o.f32 ? LLM_DEV_F32 : LLM_DEV_F16, err, sizeof err)) {
       fprintf(stderr, "kivi-run: model on the device: %s\n", err);
       return -1;
     }
@@ -408,8 +414,8 @@ static int runner_start(runner *r, int max_len) {
             path, m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->n_vocab, m->weight_bytes / 1e6, r->setting,
             info.on_gpu ? "the GPU" : "host threads");
     if (r->on_dev)
-      fprintf(stderr, "kivi-run: the model on %s too: %.0f MB of fp16 weights, products by %s%s\n",
-              info.on_gpu ? "the GPU" : "host threads (device code)", r->dm.weight_bytes / 1e6,
+      fprintf(stderr, "kivi-run: the model on %s too: %.0f MB of %s weights, products by %s%s\n",
+              info.on_gpu ? "the GPU" : "host threads (device code)", r->dm.weight_bytes / 1e6, r->dm.f32 ? "fp32" : "fp16",
               llm_dev_matmul_name(&r->dm), r->db.stream ? ", each step on one CUDA stream" : "");
   }
   if (r->o.json) {
@@ -425,8 +431,8 @@ static int runner_start(runner *r, int max_len) {
     if (r->o.fake)
       fprintf(r->json, "  \"k_axis\": \"%s\", \"v_axis\": \"%s\",\n", r->o.k_per_token ? "token" : "channel",
               r->o.v_per_channel ? "channel" : "token");
-    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"forward\": \"%s\", \"stream\": %s, \"library\": \"%s\",\n",
-            r->o.chunk, info.on_gpu ? "true" : "false", r->on_dev ? "device" : "host",
+    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"forward\": \"%s\", \"precision\": \"%s\", \"stream\": %s, \"library\": \"%s\",\n",
+            r->o.chunk, info.on_gpu ? "true" : "false", r->on_dev ? "device" : "host", r->on_dev && !r->dm.f32 ? "f16" : "f32",
             r->on_dev && r->db.stream ? "true" : "false", kivi_version_string());
   }
   return 0;

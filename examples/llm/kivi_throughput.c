@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
   llm_dev_model dm;
   char err[256];
   const double tw = omp_get_wtime();
-  if (llm_dev_model_synthetic(&dm, &o.shape, 0x5EED, ci.device, err, sizeof err)) {
+  if (llm_dev_model_synthetic(&dm, &o.shape, 0x5EED, ci.device, LLM_DEV_F16, err, sizeof err)) {
     fprintf(stderr, PROG ": %s\n", err);
     kivi_context_destroy(ctx);
     return 1;

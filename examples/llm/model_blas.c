@@ -40,11 +40,13 @@ void llm_blas_destroy(llm_blas *b) {
   free(b);
 }
 
-int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, int K, int N, int acc) {
-  /* column-major view: y^T (N x T) = w^T (N x K; w is stored K x N) * x^T (K x T) */
+int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, int K, int N, int acc, int f32) {
+  /* column-major view: y^T (N x T) = w^T (N x K; w is stored K x N) * x^T (K x T); fp32 inputs
+   * with CUBLAS_COMPUTE_32F: plain fp32 (the handle's default math mode allows no TF32) */
   const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
-  if (cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, CUDA_R_16F, K, x, CUDA_R_16F, K, &beta, y,
-                   CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+  const cudaDataType_t in = f32 ? CUDA_R_32F : CUDA_R_16F;
+  if (cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &one, w, in, K, x, in, K, &beta, y, CUDA_R_32F, N,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
     return -1;
   return b->ext || cudaStreamSynchronize(b->s) == cudaSuccess ? 0 : -1;
 }
@@ -70,8 +72,8 @@ llm_blas *llm_blas_create(int device, const char **why) {
   return NULL;
 }
 void llm_blas_destroy(llm_blas *b) { (void)b; }
-int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, int K, int N, int acc) {
-  (void)b, (void)y, (void)x, (void)w, (void)T, (void)K, (void)N, (void)acc;
+int llm_blas_gemm(llm_blas *b, float *y, const void *x, const void *w, int T, int K, int N, int acc, int f32) {
+  (void)b, (void)y, (void)x, (void)w, (void)T, (void)K, (void)N, (void)acc, (void)f32;
   return -1;
 }
 int llm_blas_set_stream(llm_blas *b, void *stream) {

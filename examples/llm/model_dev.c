@@ -12,6 +12,18 @@
 
 typedef _Float16 f16;
 
+/* element i of an array of the products' element type: fp16, or fp32 (f32) */
+#pragma omp declare target
+static inline float el_ld(const void *p, size_t i, int f32) { return f32 ? ((const float *)p)[i] : (float)((const f16 *)p)[i]; }
+static inline void el_st(void *p, size_t i, float v, int f32) {
+  if (f32)
+    ((float *)p)[i] = v;
+  else
+    ((f16 *)p)[i] = (f16)v;
+}
+#pragma omp end declare target
+static size_t el_size(const llm_dev_model *dm) { return dm->f32 ? sizeof(float) : sizeof(f16); }
+
 static void *dev_alloc(const llm_dev_model *dm, size_t bytes) { return omp_target_alloc(bytes ? bytes : 1, dm->device); }
 static void dev_free(const llm_dev_model *dm, void *p) {
   if (p) omp_target_free(p, dm->device);
@@ -23,13 +35,14 @@ static int download(const llm_dev_model *dm, void *dst, const void *src, size_t 
   return omp_target_memcpy(dst, src, bytes, 0, 0, omp_get_initial_device(), dm->device);
 }
 
-static void init_device(llm_dev_model *dm, int device) {
+static void init_device(llm_dev_model *dm, int device, llm_dev_precision precision) {
+  dm->f32 = precision == LLM_DEV_F32;
   dm->device = device;
   dm->on_gpu = device != omp_get_initial_device();
   dm->blas = dm->on_gpu ? llm_blas_create(device, NULL) : NULL; /* NULL: the products as target loops */
 }
 
-static size_t layer_halves(const llm_dev_shape *s) {
+static size_t layer_elems(const llm_dev_shape *s) {
   const size_t D = (size_t)s->dim, F = (size_t)s->ffn_dim, KV = (size_t)s->n_kv_heads * s->head_dim;
   return (D + 2 * KV) * D + D * D + 2 * F * D + D * F;
 }
@@ -40,17 +53,18 @@ static int alloc_weights(llm_dev_model *dm, int tied, char *err, size_t errlen) 
                V = (size_t)s->n_vocab;
   dm->layers = calloc((size_t)s->n_layers, sizeof *dm->layers);
   if (!dm->layers) goto nomem;
-  dm->weight_bytes = (V * D * (tied ? 1 : 2) + (size_t)s->n_layers * layer_halves(s)) * sizeof(f16) +
+  const size_t es = el_size(dm);
+  dm->weight_bytes = (V * D * (tied ? 1 : 2) + (size_t)s->n_layers * layer_elems(s)) * es +
                      ((size_t)s->n_layers * 2 + 1) * D * sizeof(float);
-  if (!(dm->tok_embd = dev_alloc(dm, V * D * sizeof(f16))) || !(dm->out_norm = dev_alloc(dm, D * sizeof(float))))
+  if (!(dm->tok_embd = dev_alloc(dm, V * D * es)) || !(dm->out_norm = dev_alloc(dm, D * sizeof(float))))
     goto nomem;
-  dm->output = tied ? dm->tok_embd : dev_alloc(dm, V * D * sizeof(f16));
+  dm->output = tied ? dm->tok_embd : dev_alloc(dm, V * D * es);
   if (!dm->output) goto nomem;
   for (int l = 0; l < s->n_layers; ++l) {
     llm_dev_layer *L = &dm->layers[l];
     if (!(L->attn_norm = dev_alloc(dm, D * sizeof(float))) || !(L->ffn_norm = dev_alloc(dm, D * sizeof(float))) ||
-        !(L->wqkv = dev_alloc(dm, (D + 2 * KV) * D * sizeof(f16))) || !(L->wo = dev_alloc(dm, D * D * sizeof(f16))) ||
-        !(L->wgu = dev_alloc(dm, 2 * F * D * sizeof(f16))) || !(L->wdown = dev_alloc(dm, D * F * sizeof(f16))))
+        !(L->wqkv = dev_alloc(dm, (D + 2 * KV) * D * es)) || !(L->wo = dev_alloc(dm, D * D * es)) ||
+        !(L->wgu = dev_alloc(dm, 2 * F * D * es)) || !(L->wdown = dev_alloc(dm, D * F * es)))
       goto nomem;
   }
   return 0;
@@ -70,22 +84,24 @@ static int check_shape(const llm_dev_shape *s, char *err, size_t errlen) {
 }
 
 /* ---- weights from a host model (fp32, any GGUF type) ------------------------------------ */
-/* -1 also for a weight beyond fp16's range */
-static int put_f16(llm_dev_model *dm, f16 *dst, size_t at, const float *src, size_t n, f16 *tmp) {
+/* n weights to dst[at..] in the model's element type; -1 also for a weight beyond fp16's range */
+static int put_w(llm_dev_model *dm, void *dst, size_t at, const float *src, size_t n, f16 *tmp) {
+  if (dm->f32) return upload(dm, (float *)dst + at, src, n * sizeof(float));
   int bad = 0;
   for (size_t i = 0; i < n; ++i) {
     tmp[i] = (f16)src[i];
     bad |= !isfinite((float)tmp[i]);
   }
-  return bad || upload(dm, dst + at, tmp, n * sizeof(f16));
+  return bad || upload(dm, (f16 *)dst + at, tmp, n * sizeof(f16));
 }
 
-int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, char *err, size_t errlen) {
+int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, llm_dev_precision precision, char *err,
+                            size_t errlen) {
   memset(dm, 0, sizeof *dm);
   dm->s = (llm_dev_shape){m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->dim,
                           m->ffn_dim, m->n_vocab, m->rope_base, m->rms_eps};
   if (check_shape(&dm->s, err, errlen)) return -1;
-  init_device(dm, device);
+  init_device(dm, device, precision);
   const int tied = m->output == m->tok_embd;
   if (alloc_weights(dm, tied, err, errlen)) {
     llm_dev_model_free(dm);
@@ -95,21 +111,22 @@ int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, c
                V = (size_t)m->n_vocab, big = V * D > F * D ? V * D : F * D;
   f16 *tmp = malloc((big > D * D ? big : D * D) * sizeof(f16));
   int bad = !tmp;
-  bad = bad || put_f16(dm, dm->tok_embd, 0, m->tok_embd, V * D, tmp);
-  bad = bad || (!tied && put_f16(dm, dm->output, 0, m->output, V * D, tmp));
+  bad = bad || put_w(dm, dm->tok_embd, 0, m->tok_embd, V * D, tmp);
+  bad = bad || (!tied && put_w(dm, dm->output, 0, m->output, V * D, tmp));
   bad = bad || upload(dm, dm->out_norm, m->out_norm, D * sizeof(float));
   for (int l = 0; l < m->n_layers && !bad; ++l) {
     const llm_layer *H = &m->layers[l];
     const llm_dev_layer *L = &dm->layers[l];
     bad = upload(dm, L->attn_norm, H->attn_norm, D * sizeof(float)) ||
-          upload(dm, L->ffn_norm, H->ffn_norm, D * sizeof(float)) || put_f16(dm, L->wqkv, 0, H->wq, D * D, tmp) ||
-          put_f16(dm, L->wqkv, D * D, H->wk, KV * D, tmp) || put_f16(dm, L->wqkv, (D + KV) * D, H->wv, KV * D, tmp) ||
-          put_f16(dm, L->wo, 0, H->wo, D * D, tmp) || put_f16(dm, L->wgu, 0, H->w_gate, F * D, tmp) ||
-          put_f16(dm, L->wgu, F * D, H->w_up, F * D, tmp) || put_f16(dm, L->wdown, 0, H->w_down, D * F, tmp);
+          upload(dm, L->ffn_norm, H->ffn_norm, D * sizeof(float)) || put_w(dm, L->wqkv, 0, H->wq, D * D, tmp) ||
+          put_w(dm, L->wqkv, D * D, H->wk, KV * D, tmp) || put_w(dm, L->wqkv, (D + KV) * D, H->wv, KV * D, tmp) ||
+          put_w(dm, L->wo, 0, H->wo, D * D, tmp) || put_w(dm, L->wgu, 0, H->w_gate, F * D, tmp) ||
+          put_w(dm, L->wgu, F * D, H->w_up, F * D, tmp) || put_w(dm, L->wdown, 0, H->w_down, D * F, tmp);
   }
   free(tmp);
   if (bad) {
-    snprintf(err, errlen, "cannot copy the weights to device %d as fp16 (out of fp16's range?)", device);
+    snprintf(err, errlen, "cannot copy the weights to device %d as %s", device,
+             dm->f32 ? "fp32" : "fp16 (out of fp16's range?)");
     llm_dev_model_free(dm);
     return -1;
   }
@@ -127,10 +144,10 @@ static inline float synth_uniform(uint64_t seed, uint64_t i) { /* [-1, 1): split
 }
 #pragma omp end declare target
 
-static void fill_f16(const llm_dev_model *dm, f16 *w, size_t n, uint64_t seed, float amp) {
-  const int dev = dm->device;
+static void fill_w(const llm_dev_model *dm, void *w, size_t n, uint64_t seed, float amp) {
+  const int dev = dm->device, f32 = dm->f32;
 #pragma omp target teams distribute parallel for device(dev) is_device_ptr(w)
-  for (size_t i = 0; i < n; ++i) w[i] = (f16)(amp * synth_uniform(seed, i));
+  for (size_t i = 0; i < n; ++i) el_st(w, i, amp * synth_uniform(seed, i), f32);
 }
 static void fill_ones(const llm_dev_model *dm, float *w, size_t n) {
   const int dev = dm->device;
@@ -138,12 +155,12 @@ static void fill_ones(const llm_dev_model *dm, float *w, size_t n) {
   for (size_t i = 0; i < n; ++i) w[i] = 1.0f;
 }
 
-int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t seed, int device, char *err,
-                            size_t errlen) {
+int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t seed, int device,
+                            llm_dev_precision precision, char *err, size_t errlen) {
   memset(dm, 0, sizeof *dm);
   dm->s = *s;
   if (check_shape(s, err, errlen)) return -1;
-  init_device(dm, device);
+  init_device(dm, device, precision);
   if (alloc_weights(dm, 0, err, errlen)) {
     llm_dev_model_free(dm);
     return -1;
@@ -152,18 +169,18 @@ int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t 
                V = (size_t)s->n_vocab;
   /* amplitude sqrt(3 / fan-in): unit variance out of every product */
   const float aD = sqrtf(3.0f / (float)D), aF = sqrtf(3.0f / (float)F);
-  fill_f16(dm, dm->tok_embd, V * D, seed ^ 1, 1.0f);
-  fill_f16(dm, dm->output, V * D, seed ^ 2, aD);
+  fill_w(dm, dm->tok_embd, V * D, seed ^ 1, 1.0f);
+  fill_w(dm, dm->output, V * D, seed ^ 2, aD);
   fill_ones(dm, dm->out_norm, D);
   for (int l = 0; l < s->n_layers; ++l) {
     const llm_dev_layer *L = &dm->layers[l];
     const uint64_t ls = seed + 0x1000ull * (uint64_t)(l + 1);
     fill_ones(dm, L->attn_norm, D);
     fill_ones(dm, L->ffn_norm, D);
-    fill_f16(dm, L->wqkv, (D + 2 * KV) * D, ls + 1, aD);
-    fill_f16(dm, L->wo, D * D, ls + 2, aD);
-    fill_f16(dm, L->wgu, 2 * F * D, ls + 3, aD);
-    fill_f16(dm, L->wdown, D * F, ls + 4, aF);
+    fill_w(dm, L->wqkv, (D + 2 * KV) * D, ls + 1, aD);
+    fill_w(dm, L->wo, D * D, ls + 2, aD);
+    fill_w(dm, L->wgu, 2 * F * D, ls + 3, aD);
+    fill_w(dm, L->wdown, D * F, ls + 4, aF);
   }
   return 0;
 }
@@ -213,11 +230,13 @@ int llm_dev_batch_set_stream(llm_dev_batch *b, kivi_cache *cache, int on) {
 }
 
 const char *llm_dev_matmul_name(const llm_dev_model *dm) {
+  if (dm->f32) return dm->blas ? "cuBLAS (fp32)" : dm->on_gpu ? "OpenMP target loop (fp32)" : "host OpenMP loop (fp32)";
   return dm->blas ? "cuBLAS" : dm->on_gpu ? "OpenMP target loop" : "host OpenMP loop";
 }
 
 /* ---- batch scratch ---------------------------------------------------------------------- */
-/* the scratch of a batch: element counts of the fp32, fp16 and int buffers, in struct order */
+/* the scratch of a batch: element counts of the fp32 buffers, of the products' inputs (el_size)
+ * and of the int buffers, in struct order */
 static void batch_sizes(const llm_dev_model *m, int max_rows, int max_seqs, int logit_rows, size_t f32s[9], size_t f16s[3],
                         size_t *ints) {
   const size_t R = (size_t)max_rows, S = (size_t)max_seqs, LR = (size_t)(logit_rows > max_seqs ? logit_rows : max_seqs), D = (size_t)m->s.dim, F = (size_t)m->s.ffn_dim,
@@ -233,7 +252,7 @@ size_t llm_dev_batch_bytes(const llm_dev_model *m, int max_rows, int max_seqs, i
   size_t f32s[9], f16s[3], ints, bytes = 0;
   batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, f16s, &ints);
   for (int i = 0; i < 9; ++i) bytes += f32s[i] * sizeof(float);
-  for (int i = 0; i < 3; ++i) bytes += f16s[i] * sizeof(f16);
+  for (int i = 0; i < 3; ++i) bytes += f16s[i] * el_size(m);
   return bytes + ints * sizeof(int);
 }
 
@@ -247,10 +266,10 @@ int llm_dev_batch_init(llm_dev_batch *b, const llm_dev_model *m, int max_rows, i
   size_t f32s[9], f16s[3], ints;
   batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, f16s, &ints);
   float **f32p[] = {&b->x, &b->qkv, &b->q, &b->k, &b->v, &b->att32, &b->gu, &b->logits, &b->rope};
-  f16 **f16p[] = {&b->xn, &b->att, &b->h};
+  void **f16p[] = {&b->xn, &b->att, &b->h};
   int bad = 0;
   for (int i = 0; i < 9; ++i) bad |= !(*f32p[i] = dev_alloc(m, f32s[i] * sizeof(float)));
-  for (int i = 0; i < 3; ++i) bad |= !(*f16p[i] = dev_alloc(m, f16s[i] * sizeof(f16)));
+  for (int i = 0; i < 3; ++i) bad |= !(*f16p[i] = dev_alloc(m, f16s[i] * el_size(m)));
   bad |= !(b->rows = dev_alloc(m, (ints - (size_t)max_seqs) * sizeof(int))) ||
          !(b->best = dev_alloc(m, (size_t)max_seqs * sizeof(int)));
   if (bad) {
@@ -269,25 +288,25 @@ void llm_dev_batch_free(llm_dev_batch *b) {
 }
 
 /* ---- the kernels -------------------------------------------------------------------------- */
-/* y[T][N] = x[T][K] w[N][K]^T (+ y when acc): fp16 inputs, fp32 sums and output.  0 or -1. */
-static int matmul(const llm_dev_model *dm, float *y, const f16 *x, const f16 *w, int T, int K, int N, int acc) {
-  if (dm->blas) return llm_blas_gemm(dm->blas, y, x, w, T, K, N, acc);
-  const int dev = dm->device;
+/* y[T][N] = x[T][K] w[N][K]^T (+ y when acc): fp16 (fp32) inputs, fp32 sums and output.  0 or -1. */
+static int matmul(const llm_dev_model *dm, float *y, const void *x, const void *w, int T, int K, int N, int acc) {
+  if (dm->blas) return llm_blas_gemm(dm->blas, y, x, w, T, K, N, acc, dm->f32);
+  const int dev = dm->device, f32 = dm->f32;
 #pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(y, x, w)
   for (int t = 0; t < T; ++t)
     for (int n = 0; n < N; ++n) {
-      const f16 *xr = x + (size_t)t * K, *wr = w + (size_t)n * K;
+      const size_t xr = (size_t)t * K, wr = (size_t)n * K;
       float s = 0.0f;
-      for (int k = 0; k < K; ++k) s += (float)xr[k] * (float)wr[k];
+      for (int k = 0; k < K; ++k) s += el_ld(x, xr + k, f32) * el_ld(w, wr + k, f32);
       float *yp = y + (size_t)t * N + n;
       *yp = acc ? *yp + s : s;
     }
   return 0;
 }
 
-/* xn[i] = fp16(x[row(i)] / rms * w) for rows i < T; row(i) = sel ? sel[i] : i. */
-static void rmsnorm(const llm_dev_model *dm, f16 *xn, const float *x, const float *w, const int *sel, int T) {
-  const int dev = dm->device, D = dm->s.dim;
+/* xn[i] = x[row(i)] / rms * w (fp16, or fp32) for rows i < T; row(i) = sel ? sel[i] : i. */
+static void rmsnorm(const llm_dev_model *dm, void *xn, const float *x, const float *w, const int *sel, int T) {
+  const int dev = dm->device, D = dm->s.dim, f32 = dm->f32;
   const float eps = dm->s.rms_eps;
 #pragma omp target teams distribute device(dev) is_device_ptr(xn, x, w, sel)
   for (int i = 0; i < T; ++i) {
@@ -297,17 +316,17 @@ static void rmsnorm(const llm_dev_model *dm, f16 *xn, const float *x, const floa
     for (int c = 0; c < D; ++c) ss += xr[c] * xr[c];
     const float r = 1.0f / sqrtf(ss / (float)D + eps);
 #pragma omp parallel for
-    for (int c = 0; c < D; ++c) xn[(size_t)i * D + c] = (f16)(xr[c] * r * w[c]);
+    for (int c = 0; c < D; ++c) el_st(xn, (size_t)i * D + c, xr[c] * r * w[c], f32);
   }
 }
 
 /* x[r] = embedding of rows[2r] */
 static void embed(const llm_dev_model *dm, float *x, const int *rows, int T) {
-  const int dev = dm->device, D = dm->s.dim;
-  const f16 *emb = dm->tok_embd;
+  const int dev = dm->device, D = dm->s.dim, f32 = dm->f32;
+  const void *emb = dm->tok_embd;
 #pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(x, rows, emb)
   for (int r = 0; r < T; ++r)
-    for (int c = 0; c < D; ++c) x[(size_t)r * D + c] = (float)emb[(size_t)rows[2 * r] * D + c];
+    for (int c = 0; c < D; ++c) x[(size_t)r * D + c] = el_ld(emb, (size_t)rows[2 * r] * D + c, f32);
 }
 
 /* rope[r][i] = cos, sin of the angle pos(r) * base^(-2i/hd), i < hd/2, in double like the host
@@ -354,20 +373,21 @@ static void hadamard_rows(const llm_dev_model *dm, float *x, size_t nvec, int hd
   for (size_t v = 0; v < nvec; ++v) llm_hadamard_vec(x + v * hd, hd, norm);
 }
 
-static void silu_mul(const llm_dev_model *dm, f16 *h, const float *gu, int T) {
-  const int dev = dm->device, F = dm->s.ffn_dim;
+static void silu_mul(const llm_dev_model *dm, void *h, const float *gu, int T) {
+  const int dev = dm->device, F = dm->s.ffn_dim, f32 = dm->f32;
 #pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(h, gu)
   for (int r = 0; r < T; ++r)
     for (int c = 0; c < F; ++c) {
       const float g = gu[(size_t)r * 2 * F + c], u = gu[(size_t)r * 2 * F + F + c];
-      h[(size_t)r * F + c] = (f16)(g / (1.0f + expf(-g)) * u);
+      el_st(h, (size_t)r * F + c, g / (1.0f + expf(-g)) * u, f32);
     }
 }
 
-static void to_f16(const llm_dev_model *dm, f16 *y, const float *x, size_t n) {
-  const int dev = dm->device;
+/* y = x in the products' element type */
+static void to_el(const llm_dev_model *dm, void *y, const float *x, size_t n) {
+  const int dev = dm->device, f32 = dm->f32;
 #pragma omp target teams distribute parallel for device(dev) is_device_ptr(y, x)
-  for (size_t i = 0; i < n; ++i) y[i] = (f16)x[i];
+  for (size_t i = 0; i < n; ++i) el_st(y, i, x[i], f32);
 }
 
 /* best[i] = the first index of the largest of logits[i][0..V) */
@@ -418,11 +438,11 @@ static int gblocks(size_t n, int nt) { return (int)((n + (size_t)nt - 1) / (size
 /* the element index of a thread of an element-wise kernel */
 #define GIDX ((size_t)ompx_block_id_x() * GNT + (size_t)ompx_thread_id_x())
 
-static void gpu_rmsnorm(const llm_dev_model *dm, f16 *xn, const float *x, const float *w, const int *sel, int T) {
-  const int dev = dm->device, D = dm->s.dim, nb = gblocks((size_t)T, GNT / 32);
+static void gpu_rmsnorm(const llm_dev_model *dm, void *xn, const float *x, const float *w, const int *sel, int T) {
+  const int dev = dm->device, D = dm->s.dim, nb = gblocks((size_t)T, GNT / 32), f32 = dm->f32;
   const float eps = dm->s.rms_eps;
 #pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(xn, x, w, sel) \
-    firstprivate(D, T, eps)
+    firstprivate(D, T, eps, f32)
   {
     const int lane = ompx_thread_id_x() & 31, i = ompx_block_id_x() * (GNT / 32) + (ompx_thread_id_x() >> 5);
     if (i < T) {
@@ -431,21 +451,21 @@ static void gpu_rmsnorm(const llm_dev_model *dm, f16 *xn, const float *x, const 
       for (int c = lane; c < D; c += 32) ss += xr[c] * xr[c];
       for (int o = 16; o; o >>= 1) ss += warp_bfly(ss, o);
       const float r = 1.0f / sqrtf(ss / (float)D + eps);
-      for (int c = lane; c < D; c += 32) xn[(size_t)i * D + c] = (f16)(xr[c] * r * w[c]);
+      for (int c = lane; c < D; c += 32) el_st(xn, (size_t)i * D + c, xr[c] * r * w[c], f32);
     }
   }
 }
 
 static void gpu_embed(const llm_dev_model *dm, float *x, const int *rows, int T) {
-  const int dev = dm->device, D = dm->s.dim;
+  const int dev = dm->device, D = dm->s.dim, f32 = dm->f32;
   const size_t n = (size_t)T * D;
   const int nb = gblocks(n, GNT);
-  const f16 *emb = dm->tok_embd;
+  const void *emb = dm->tok_embd;
 #pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(x, rows, emb) \
-    firstprivate(D, n)
+    firstprivate(D, n, f32)
   {
     const size_t e = GIDX;
-    if (e < n) x[e] = (float)emb[(size_t)rows[2 * (e / D)] * D + e % D];
+    if (e < n) x[e] = el_ld(emb, (size_t)rows[2 * (e / D)] * D + e % D, f32);
   }
 }
 
@@ -505,27 +525,28 @@ static void gpu_hadamard_rows(const llm_dev_model *dm, float *x, size_t nvec, in
   }
 }
 
-static void gpu_silu_mul(const llm_dev_model *dm, f16 *h, const float *gu, int T) {
-  const int dev = dm->device, F = dm->s.ffn_dim;
+static void gpu_silu_mul(const llm_dev_model *dm, void *h, const float *gu, int T) {
+  const int dev = dm->device, F = dm->s.ffn_dim, f32 = dm->f32;
   const size_t n = (size_t)T * F;
   const int nb = gblocks(n, GNT);
-#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(h, gu) firstprivate(F, n)
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(h, gu) \
+    firstprivate(F, n, f32)
   {
     const size_t e = GIDX;
     if (e < n) {
       const size_t r = e / F, c = e % F;
       const float g = gu[r * 2 * F + c], u = gu[r * 2 * F + F + c];
-      h[e] = (f16)(g / (1.0f + expf(-g)) * u);
+      el_st(h, e, g / (1.0f + expf(-g)) * u, f32);
     }
   }
 }
 
-static void gpu_to_f16(const llm_dev_model *dm, f16 *y, const float *x, size_t n) {
-  const int dev = dm->device, nb = gblocks(n, GNT);
-#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(y, x) firstprivate(n)
+static void gpu_to_el(const llm_dev_model *dm, void *y, const float *x, size_t n) {
+  const int dev = dm->device, nb = gblocks(n, GNT), f32 = dm->f32;
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(y, x) firstprivate(n, f32)
   {
     const size_t e = GIDX;
-    if (e < n) y[e] = (f16)x[e];
+    if (e < n) el_st(y, e, x[e], f32);
   }
 }
 
@@ -565,7 +586,7 @@ static void gpu_argmax(const llm_dev_model *dm, int *best, const float *logits, 
 #define gpu_rope_split(...) GPU_STUB()
 #define gpu_hadamard_rows(...) GPU_STUB()
 #define gpu_silu_mul(...) GPU_STUB()
-#define gpu_to_f16(...) GPU_STUB()
+#define gpu_to_el(...) GPU_STUB()
 #define gpu_argmax(...) GPU_STUB()
 #endif
 /* on a GPU the bare kernels, elsewhere the loops above */
@@ -645,9 +666,9 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
       TIMED(append, st = (on_stream ? kivi_cache_append_async : kivi_cache_append)(cache, l, n_seqs, seq_ids, n_new, b->k,
                                                                                  b->v, KIVI_F32, KIVI_MEM_DEVICE));
       TRY(st);
-      /* rotated values: the output in fp32, rotated back below, then to fp16 */
+      /* rotated values: the output in fp32, rotated back below, then to the products' type */
       TIMED(attention, st = (on_stream ? kivi_attention_decode_async : kivi_attention_decode)(cache, l, n_seqs, seq_ids, H, b->q, scale,
-                                                  rot_v ? (void *)b->att32 : (void *)b->att, rot_v ? KIVI_F32 : KIVI_F16,
+                                                  rot_v ? (void *)b->att32 : b->att, rot_v || dm->f32 ? KIVI_F32 : KIVI_F16,
                                                   KIVI_MEM_DEVICE));
       TRY(st);
     } else {
@@ -659,7 +680,7 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
     }
     if (!decode || rot_v) {
       if (rot_v) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->att32, (size_t)T * H, hd));
-      TIMED(other, ON_DEVICE(dm, to_f16, b->att, b->att32, (size_t)T * D));
+      TIMED(other, ON_DEVICE(dm, to_el, b->att, b->att32, (size_t)T * D));
     }
     TIMED(matmul, rc = matmul(dm, b->x, b->att, L->wo, T, D, D, 1));
     if (rc) TRY(KIVI_ERR_DEVICE);

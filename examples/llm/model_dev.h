@@ -1,15 +1,17 @@
 /* A Llama-architecture model run on the KV cache's device: on a GPU, the whole forward pass there
  * (weights resident in fp16, the matrix products through cuBLAS on the tensor cores, everything
  * else as OpenMP target regions); on the host (a host context, or a build without offload) the
- * same regions on host threads and the matrix products as a plain OpenMP loop.
+ * same regions on host threads and the matrix products as a plain OpenMP loop.  With
+ * LLM_DEV_F32 the weights and the products' inputs stay fp32 (cuBLAS in plain fp32, no TF32):
+ * the host model's arithmetic, for checking a device against it.
  *
  * A batch of sequences per call: one token each (decode: kivi_cache_append + kivi_attention_decode
  * for all of them at once) or chunks of prompts (kivi_attention_extend, then the append).  The
  * activations between the products: the residual stream in fp32, the inputs of the products in
- * fp16 (what a fp16 inference engine does), products accumulated in fp32.
+ * fp16 (what a fp16 inference engine does; fp32 with LLM_DEV_F32), products accumulated in fp32.
  *
- * It computes what llm_forward() (model.c) computes, with the weights rounded to fp16; the tests
- * compare the two. */
+ * It computes what llm_forward() (model.c) computes, with the weights rounded to fp16 (LLM_DEV_F16)
+ * or as they are (LLM_DEV_F32); the tests compare the two. */
 #ifndef KIVI_EXAMPLES_MODEL_DEV_H
 #define KIVI_EXAMPLES_MODEL_DEV_H
 
@@ -25,12 +27,16 @@ typedef struct llm_dev_shape {
   float rope_base, rms_eps;
 } llm_dev_shape;
 
+/* The element type of the weights and of the products' inputs. */
+typedef enum llm_dev_precision { LLM_DEV_F16 = 0, LLM_DEV_F32 = 1 } llm_dev_precision;
+
+/* The weight matrices hold _Float16 (LLM_DEV_F16) or float (LLM_DEV_F32) elements. */
 typedef struct llm_dev_layer {
   float *attn_norm, *ffn_norm; /* [dim] */
-  _Float16 *wqkv;              /* [dim + 2 kv_dim][dim]: q, k, v rows */
-  _Float16 *wo;                /* [dim][dim] */
-  _Float16 *wgu;               /* [2 ffn_dim][dim]: gate rows, then up rows */
-  _Float16 *wdown;             /* [dim][ffn_dim] */
+  void *wqkv;                  /* [dim + 2 kv_dim][dim]: q, k, v rows */
+  void *wo;                    /* [dim][dim] */
+  void *wgu;                   /* [2 ffn_dim][dim]: gate rows, then up rows */
+  void *wdown;                 /* [dim][ffn_dim] */
 } llm_dev_layer;
 
 typedef struct llm_dev_model {
@@ -38,8 +44,9 @@ typedef struct llm_dev_model {
   int device;  /* OpenMP device number of the weights (omp_get_initial_device(): the host) */
   int on_gpu;  /* 1 when `device` is not the host */
   struct llm_blas *blas; /* model_blas.h: the products through cuBLAS; NULL: a target loop */
-  _Float16 *tok_embd; /* [n_vocab][dim] */
-  _Float16 *output;   /* [n_vocab][dim]; == tok_embd when tied */
+  int f32;            /* 1: LLM_DEV_F32 (weights, tok_embd, output and the batch's xn, att, h in fp32) */
+  void *tok_embd;     /* [n_vocab][dim] */
+  void *output;       /* [n_vocab][dim]; == tok_embd when tied */
   float *out_norm;    /* [dim] */
   llm_dev_layer *layers;
   size_t weight_bytes;
@@ -60,7 +67,7 @@ typedef struct llm_dev_batch {
   const llm_dev_model *m;
   int max_rows, max_seqs, logit_rows;
   float *x, *qkv, *q, *k, *v, *att32, *gu, *logits, *rope;
-  _Float16 *xn, *att, *h;
+  void *xn, *att, *h; /* the products' inputs: fp16, or fp32 with LLM_DEV_F32 */
   int *rows; /* [2 max_rows]: token, position */
   int *best; /* [max_seqs] argmax of each row's logits */
   void *stream; /* llm_dev_batch_set_stream: the CUDA stream every forward call enqueues on */
@@ -68,11 +75,12 @@ typedef struct llm_dev_batch {
 
 /* `device`: an OpenMP device number (omp_get_initial_device() for the host).  0, or -1 with a
  * message in err. */
-int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, char *err, size_t errlen);
+int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, llm_dev_precision precision, char *err,
+                            size_t errlen);
 /* Random weights of a shape, made on the device (uniform, scaled by 1/sqrt(fan-in); norms 1):
  * what a throughput benchmark needs without a 13 GB file. */
-int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t seed, int device, char *err,
-                            size_t errlen);
+int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t seed, int device,
+                            llm_dev_precision precision, char *err, size_t errlen);
 void llm_dev_model_free(llm_dev_model *dm);
 
 /* 0, or -1 when out of (device) memory. */
@@ -107,7 +115,8 @@ int llm_dev_batch_set_stream(llm_dev_batch *b, kivi_cache *cache, int on);
 /* Bytes of device memory in use (cudaMemGetInfo: total - free), and in *total (may be NULL) the
  * device's size; both 0 where not known (the host, a build without the CUDA runtime). */
 size_t llm_dev_memory(const llm_dev_model *dm, size_t *total);
-/* "cuBLAS", "OpenMP target loop" or "host OpenMP loop": what runs the products. */
+/* "cuBLAS", "OpenMP target loop" or "host OpenMP loop": what runs the products (fp16 inputs),
+ * the same followed by " (fp32)" with LLM_DEV_F32. */
 const char *llm_dev_matmul_name(const llm_dev_model *dm);
 
 #endif
