@@ -236,12 +236,12 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
  * tokens, a multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by
  * the last block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head).
  * Chunks of 8 where a kv-head has more than 4 query heads (its K and V read once for them). */
-/* 1: where a kv-head has KIVI_F16_STREAM_GSZ or more query heads, the streamed kernel
- * (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
- * softmax, no block barrier) instead.  Both pass the GPU tests; the streamed one is built only
- * with CPPFLAGS=-DKIVI_F16_STREAM=1, for measurement (docs/PERF.md, round 26). */
+/* 1 (the default): where a kv-head has KIVI_F16_STREAM_GSZ or more query heads, the streamed
+ * kernel (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
+ * softmax, no block barrier) instead: 5-34 % less time at every GQA shape measured (docs/PERF.md,
+ * round 27).  CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison. */
 #ifndef KIVI_F16_STREAM
-#define KIVI_F16_STREAM 0
+#define KIVI_F16_STREAM 1
 #endif
 #ifndef KIVI_F16_STREAM_GSZ
 #define KIVI_F16_STREAM_GSZ 2 /* query heads per kv-head from which the streamed kernel serves */
