@@ -113,14 +113,23 @@ def kivi_tokenize(kivi_run, model, text):
     return [int(x) for x in out.split()]
 
 
-def forward_nll(buf, meta, tensors, base, ids):
+def forward_nll(buf, meta, tensors, base, ids, attend=None, dtype=np.float64):
+    """The negative log-likelihood of each next token and the logits.  attend(q, k, v, kpre,
+    rope) -> o [T][H][hd], when given, replaces the exact causal attention (q and k after RoPE,
+    kpre before it; rope(x [T][n][hd], n) rotates); dtype: the arithmetic (kv-sim.py: float32)."""
     L = meta["llama.block_count"]
     H, KVH = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
     dim = meta["llama.embedding_length"]
     hd = dim // H
     eps = meta["llama.attention.layer_norm_rms_epsilon"]
     theta = meta.get("llama.rope.freq_base", 10000.0)
-    W = lambda name: dequant(buf, base, *tensors[name])
+    cache = {}
+
+    def W(name):
+        if name not in cache:
+            cache[name] = dequant(buf, base, *tensors[name]).astype(dtype)
+        return cache[name]
+
     emb = W("token_embd.weight")
     out_w = W("output.weight") if "output.weight" in tensors else emb
     T = len(ids)
@@ -128,7 +137,7 @@ def forward_nll(buf, meta, tensors, base, ids):
     pos = np.arange(T)[:, None]
     freq = theta ** (-2.0 * np.arange(hd // 2) / hd)
     ang = pos * freq[None, :]
-    cos, sin = np.cos(ang), np.sin(ang)
+    cos, sin = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
 
     def rms(v, w):
         return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * w
@@ -144,14 +153,18 @@ def forward_nll(buf, meta, tensors, base, ids):
         p = "blk.%d." % l
         h = rms(x, W(p + "attn_norm.weight"))
         q = rope(h @ W(p + "attn_q.weight").T, H)
-        k = rope(h @ W(p + "attn_k.weight").T, KVH)
+        kpre = h @ W(p + "attn_k.weight").T
+        k = rope(kpre, KVH)
         v = (h @ W(p + "attn_v.weight").T).reshape(T, KVH, hd)
-        o = np.empty((T, H, hd))
-        for hh in range(H):
-            kv = hh // (H // KVH)
-            s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(hd) + mask
-            s = np.exp(s - s.max(-1, keepdims=True))
-            o[:, hh, :] = (s / s.sum(-1, keepdims=True)) @ v[:, kv, :]
+        if attend is not None:
+            o = attend(q, k, v, kpre.reshape(T, KVH, hd), rope)
+        else:
+            o = np.empty((T, H, hd), dtype)
+            for hh in range(H):
+                kv = hh // (H // KVH)
+                s = q[:, hh, :] @ k[:, kv, :].T / np.sqrt(hd) + mask
+                s = np.exp(s - s.max(-1, keepdims=True))
+                o[:, hh, :] = (s / s.sum(-1, keepdims=True)) @ v[:, kv, :]
         x = x + o.reshape(T, dim) @ W(p + "attn_output.weight").T
         h = rms(x, W(p + "ffn_norm.weight"))
         g = h @ W(p + "ffn_gate.weight").T
@@ -159,7 +172,7 @@ def forward_nll(buf, meta, tensors, base, ids):
         x = x + (g / (1 + np.exp(-g)) * u) @ W(p + "ffn_down.weight").T
     logits = rms(x, W("output_norm.weight")) @ out_w.T
     mx = logits.max(-1, keepdims=True)
-    lse = np.log(np.exp(logits - mx).sum(-1)) + mx[:, 0]
+    lse = np.log(np.exp((logits - mx).astype(np.float64)).sum(-1)) + mx[:, 0]
     nll = lse[:-1] - logits[np.arange(T - 1), ids[1:]]
     return nll, logits
 
