@@ -405,7 +405,10 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
 /** Decode: one query token per sequence over everything in the cache for that sequence
- * (append the token's own K/V first).
+ * (append the token's own K/V first).  A sequence's output depends on its own tokens and on
+ * which other sequences the same call takes (the kernels' split plan), never on the other
+ * sequences' contents or on what a reset sequence held before: one sequence a call gives the
+ * same bits whatever else the cache holds.
  * @param q    [n_seqs][n_q_heads][head_dim] fp32, host or device (`mem`)
  * @param out  [n_seqs][n_q_heads][head_dim] of out_dtype (::KIVI_F32 or ::KIVI_F16), host or device
  * A sequence of length 0 is ::KIVI_ERR_ARG. */

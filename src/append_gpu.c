@@ -60,7 +60,6 @@ static inline kivi_u32x4 qa_ld16(const uint16_t *p) {
   kivi_u32x4 r = {{v.x, v.y, v.z, v.w}};
   return r;
 }
-static inline int qa_shfx(int v, int o) { return __nvvm_shfl_sync_bfly_i32(0xffffffffu, v, o, 0x1f); }
 static inline int qa_all(int p) { return __nvvm_vote_all_sync(0xffffffffu, p); }
 #else
 /* Host stubs: the host pass must see the same region body as the device pass; a bare region
@@ -69,25 +68,16 @@ static inline uint32_t qa_min2(uint32_t a, uint32_t b) { return a < b ? a : b; }
 static inline uint32_t qa_max2(uint32_t a, uint32_t b) { return a > b ? a : b; }
 static inline kivi_u32x2 qa_ld8(const uint16_t *p) { return *(const kivi_u32x2 *)p; }
 static inline kivi_u32x4 qa_ld16(const uint16_t *p) { return *(const kivi_u32x4 *)p; }
-static inline int qa_shfx(int v, int o) { (void)o; return v; }
 static inline int qa_all(int p) { return p; }
 #endif
-/* Raises the V exponent bounds vb[0..1] (global memory) to the largest e0, e1 of the warp's
- * lanes: one lane, and only with an atomic where a bound read first is lower (bounds only rise;
- * a stale read costs an atomic, never a missed raise). */
-static inline void qa_vexp_warp(int32_t *vb, int e0, int e1, int lane) {
-  int e[2] = {e0, e1};
-  for (int o = 16; o; o >>= 1) {
-    const int a = qa_shfx(e[0], o), b = qa_shfx(e[1], o);
-    e[0] = a > e[0] ? a : e[0];
-    e[1] = b > e[1] ? b : e[1];
-  }
-  if (lane == 0) {
-    const volatile int32_t *cur = vb;
-    if (e[0] <= cur[0]) e[0] = -14; /* nothing to raise */
-    if (e[1] <= cur[1]) e[1] = -14;
-    kivi_vexp_raise(vb, e);
-  }
+/* Raises the V exponent bounds vb[0..1] (global memory) to e0, e1: nothing is read for two
+ * bounds of -14 (none), and an atomic only where a bound read first is lower (bounds only rise;
+ * a stale read costs an atomic, never a missed raise).  Each lane its own token's sequence. */
+static inline void qa_vexp_lane(int32_t *vb, int e0, int e1) {
+  if (e0 <= -14 && e1 <= -14) return;
+  const volatile int32_t *cur = vb;
+  int e[2] = {e0 > cur[0] ? e0 : -14, e1 > cur[1] ? e1 : -14};
+  kivi_vexp_raise(vb, e);
 }
 #pragma omp end declare target
 
@@ -121,7 +111,8 @@ int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int
 }
 
 /* Kernel 2b: the nvq values that leave the windows, from src as kivi_gpu_append_keys; raises
- * the bounds vsc [H][2] to the exponent bounds of the stored {scale, zero} pairs. */
+ * the bounds vsc [sequence of the call][H][2] to the exponent bounds of the stored {scale,
+ * zero} pairs. */
 int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nvq, const uint16_t *src,
                             int32_t *vsc, int64_t *flag, int64_t call_id, int async, int lane) {
   unsigned char *pool = c->pool;

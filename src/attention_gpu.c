@@ -342,12 +342,13 @@ static inline void fk_block_tokens(int sf, int nf, int fs, int Lf, const int64_t
     *nvq = *n;
   }
 }
-/* The exponent bounds {scale, zero} of the V scales and zeros of (layer, kv-head) (vexp), read
- * at a decode block's start: read after the K phase, as they are used, their load would add one
- * memory latency to every block's path (it waits for the barrier there).  Set by append, unset
- * (any value) while the (layer, kv-head) holds no quantized value; always inside vexp. */
-static inline fk_v2u fk_v_bounds(const int32_t *vexp, int layer, int H, int kvh) {
-  return ld8((const uint32_t *)(vexp + ((size_t)layer * H + kvh) * 2));
+/* The exponent bounds {scale, zero} of the V scales and zeros of sequence s's (layer, kv-head)
+ * (vexp: a sequence's own, so that its output does not depend on the other sequences of the
+ * cache), read at a decode block's start: read after the K phase, as they are used, their load
+ * would add one memory latency to every block's path (it waits for the barrier there).  Set by
+ * append, -14 while the sequence's (layer, kv-head) holds no quantized value. */
+static inline fk_v2u fk_v_bounds(const int32_t *vexp, int64_t s, int layer, int NL, int H, int kvh) {
+  return ld8((const uint32_t *)(vexp + KIVI_VEXP_AT(s, layer, NL, H) + (size_t)kvh * 2));
 }
 /* The V operands' scaling from the exponent bounds ve (fk_v_bounds), unused when nvq = 0 (then
  * they may be unset): p is packed as f16x2 {p * fv, p * fz}, and the

@@ -146,10 +146,10 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->kres = kivi_dev_alloc(ctx, ring * 2);
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
-  c->vexp = kivi_dev_alloc(ctx, (size_t)NL * cfg->n_kv_heads * 2 * 4);
+  c->vexp = kivi_dev_alloc(ctx, (size_t)S * NL * cfg->n_kv_heads * 2 * 4);
   /* flags: [layer], then each lane's arrival counter, then each lane's V bounds of the
-   * one-kernel append ([H][2] int32 in H values) */
-  const size_t nflag = (size_t)NL + KIVI_MAX_ASYNC_LANES * (1 + (size_t)cfg->n_kv_heads);
+   * one-kernel append ([seq of the call][H][2] int32 in KIVI_APPEND_FUSED_SEQS H values) */
+  const size_t nflag = (size_t)NL + KIVI_MAX_ASYNC_LANES * (1 + (size_t)KIVI_APPEND_FUSED_SEQS * cfg->n_kv_heads);
   c->aflag = kivi_dev_alloc(ctx, nflag * sizeof *c->aflag);
   c->bt_host = malloc(bt_n * 4);
   c->len = calloc((size_t)S * NL, 4);
@@ -163,7 +163,7 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   /* pop from the end: block 0 is handed out first */
   for (int64_t i = 0; i < c->n_blocks; ++i) c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
   c->n_free = c->n_blocks;
-  const size_t nvexp = (size_t)NL * cfg->n_kv_heads * 2;
+  const size_t nvexp = (size_t)S * NL * cfg->n_kv_heads * 2;
   int32_t *vexp0 = malloc(nvexp * 4);
   int64_t *zero = calloc(nflag, sizeof *zero);
   if (!vexp0 || !zero) {
@@ -212,8 +212,16 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
   if (!c || seq < 0 || seq >= c->cfg.max_seqs) return KIVI_ERR_ARG;
   const kivi_status wst = kivi_async_drain(c); /* enqueued work first */
   if (wst) return wst;
-  const int R = c->cfg.residual;
-  for (int l = 0; l < c->cfg.n_layers; ++l) {
+  /* the sequence's V exponent bounds back to "none": its next values start them afresh */
+  const int R = c->cfg.residual, NL = c->cfg.n_layers, H = c->cfg.n_kv_heads;
+  const size_t nve = (size_t)NL * H * 2;
+  int32_t *none = malloc(nve * sizeof *none);
+  if (!none) return KIVI_ERR_NOMEM;
+  for (size_t i = 0; i < nve; ++i) none[i] = -14;
+  const int err = kivi_dev_put(c->ctx, c->vexp + KIVI_VEXP_AT(seq, 0, NL, H), none, nve * sizeof *none);
+  free(none);
+  if (err) return KIVI_ERR_DEVICE;
+  for (int l = 0; l < NL; ++l) {
     int32_t *row = kivi_bt_row(c, seq, l);
     const int nb = kivi_len(c, seq, l) / R;
     for (int b = 0; b < nb; ++b) {
@@ -237,8 +245,8 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 #endif
 #define KIVI_APPEND_NT 128 /* threads per block of the one-kernel append */
 #define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
-#define KIVI_APPEND_FUSED_SEQS 64 /* and sequences: at 390 and 1,024 sequences (H200, Llama-2-7B
-                                     shape) it was slower than the four kernels */
+/* KIVI_APPEND_FUSED_SEQS (internal.h): 64 sequences at most; at 390 and 1,024 sequences (H200,
+ * Llama-2-7B shape) the one-kernel append was slower than the four kernels */
 #define KIVI_APPEND_VCHUNK 8 /* tokens per item of the larger appends' value quantization (kernel 2b) */
 
 #pragma omp declare target
@@ -687,8 +695,8 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   }
   memset(im.blocks, 0, (size_t)(L / R + 1) * l->block_bytes);
   walk_export(c, L, &im, (unsigned char *)blob, 0);
-  /* exponent bounds of the V scales and zeros now in the cache: [H][2] new, then [H][2] current */
-  int32_t *vexp_new = malloc((size_t)H * 4 * sizeof(int32_t)), *vexp_cur = vexp_new + 2 * H;
+  /* exponent bounds of the sequence's V scales and zeros: [H][2], replacing its old ones */
+  int32_t *vexp_new = malloc((size_t)H * 2 * sizeof(int32_t));
   if (!vexp_new) {
     images_free(&im);
     return KIVI_ERR_NOMEM;
@@ -708,7 +716,6 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   }
   const kivi_context *ctx = c->ctx;
   kivi_status st = KIVI_OK;
-  if (kivi_dev_get(ctx, vexp_cur, c->vexp + (size_t)layer * H * 2, (size_t)H * 2 * 4)) st = KIVI_ERR_DEVICE;
   /* return the sequence's blocks, take new ones */
   int32_t *row = kivi_bt_row(c, seq, layer);
   const int64_t nb_old = kivi_len(c, seq, layer) / R, nb = L / R;
@@ -728,10 +735,7 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   if (!err && nb) err = kivi_dev_put(ctx, c->bt + ((size_t)seq * NL + layer) * c->max_blocks, row, (size_t)nb * 4);
   if (!err) err = kivi_dev_put(ctx, c->kres + ring, im.kring, (size_t)H * R * D * 2);
   if (!err) err = kivi_dev_put(ctx, c->vres + ring, im.vring, (size_t)H * R * D * 2);
-  if (!err) {
-    for (int i = 0; i < 2 * H; ++i) vexp_cur[i] = vexp_cur[i] > vexp_new[i] ? vexp_cur[i] : vexp_new[i];
-    err = kivi_dev_put(ctx, c->vexp + (size_t)layer * H * 2, vexp_cur, (size_t)H * 2 * 4);
-  }
+  if (!err) err = kivi_dev_put(ctx, c->vexp + KIVI_VEXP_AT(seq, layer, NL, H), vexp_new, (size_t)H * 2 * 4);
   images_free(&im);
   free(vexp_new);
   if (err && !st) {

@@ -82,6 +82,11 @@ typedef struct kivi_lane {
   kivi_scratch rot;   /* rotated caches: the append's rotated fp16 K and V (device inputs) */
 } kivi_lane;
 
+/* The one-kernel append serves calls of at most this many sequences (cache.c) */
+#define KIVI_APPEND_FUSED_SEQS 64
+/* The V exponent bounds of (seq, layer): [H][2] at this offset of kivi_cache.vexp */
+#define KIVI_VEXP_AT(seq, layer, NL, H) ((((size_t)(seq) * (size_t)(NL) + (size_t)(layer)) * (size_t)(H)) * 2)
+
 struct kivi_cache {
   kivi_context *ctx;
   kivi_cache_config cfg;
@@ -94,7 +99,8 @@ struct kivi_cache {
   int32_t *bt;          /* device: [seq][layer][max_blocks] block ids */
   int32_t *bt_host;     /* host mirror of bt */
   int32_t *len;         /* host: [seq][layer] lengths */
-  int32_t *vexp;        /* device: [layer][H][2] e with 2^e > every |V scale|, |V zero| so far */
+  int32_t *vexp;        /* device: [seq][layer][H][2] e with 2^e > every |V scale|, |V zero| of the
+                           sequence's quantized values (-14 when it has none; kivi_vexp_at) */
   unsigned last_kernels; /* KIVI_KERNEL_* bits of the last attention call */
   int32_t *free_list;   /* host: stack of free block ids */
   int64_t n_free;
@@ -115,8 +121,9 @@ struct kivi_cache {
                               not finite (later enqueued appends on that layer then do nothing); a
                               synchronous append that fails clears it before it returns.
                               [n_layers + lane]: the arrival counter of the lane's one-kernel
-                              appends (kept 0); then per lane n_kv_heads values that hold their
-                              call's V exponent bounds, [kv-head][2] int32 (kept 0) */
+                              appends (kept 0); then per lane KIVI_APPEND_FUSED_SEQS n_kv_heads
+                              values that hold their call's V exponent bounds, [sequence of the
+                              call][kv-head][2] int32 (kept 0) */
   int64_t next_id;         /* ids of appends since the last wait: 1, 2, ... */
   struct kivi_async_append *log; /* the enqueued appends since the last wait, for rollback */
   size_t n_log, cap_log;

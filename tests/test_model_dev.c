@@ -9,7 +9,8 @@
  *    the host model's arithmetic) within F32_LOGIT_REL_TOL;
  *  - every token's logits of a prompt run in chunks within the same bounds;
  *  - a batch of four generates, for each sequence, the greedy tokens that sequence generates
- *    alone, with logits within BATCH_REL_TOL;
+ *    alone, with logits within BATCH_REL_TOL, and with batch-invariant steps
+ *    (llm_dev_batch.invariant) the same tokens and logits bit for bit;
  *  - on a GPU, the same calls on one CUDA stream give the same tokens and logits bit for bit;
  *  - bad arguments are refused with KIVI_ERR_ARG. */
 #include <omp.h>
@@ -253,12 +254,14 @@ END_TEST
 
 /* batch B, each sequence alone: greedy tokens and logits; stream: on the cache's CUDA stream
  * (llm_dev_batch_set_stream), then *kern and *waits (if not NULL) the kernels the decode steps
- * launched on it and the regions that waited for it (kivi_cache_stats) */
+ * launched on it and the regions that waited for it (kivi_cache_stats); invariant: the batch's
+ * decode steps one sequence at a time (llm_dev_batch.invariant) */
 static void generate_on(fixture *f, int kbits, int first, int B, int steps, int *out_tok, float *out_logits, int stream,
-                        int64_t *kern, int64_t *waits) {
+                        int invariant, int64_t *kern, int64_t *waits) {
   kivi_cache *c = tu_cache(f->ctx, NL, NKV, HD, 4, 256, kbits, kbits, 32, 32);
   llm_dev_batch b;
   ck_assert_int_eq(llm_dev_batch_init(&b, &f->dm, 64, B, B), 0);
+  b.invariant = invariant;
   if (stream) ck_assert_int_eq(llm_dev_batch_set_stream(&b, c, 1), 0);
   kivi_cache_stats s0 = {0}, s1;
   int ids[4], nn[4], pos[4], tok[64], best[4];
@@ -290,7 +293,7 @@ static void generate_on(fixture *f, int kbits, int first, int B, int steps, int 
   kivi_cache_destroy(c);
 }
 static void generate(fixture *f, int kbits, int first, int B, int steps, int *out_tok, float *out_logits) {
-  generate_on(f, kbits, first, B, steps, out_tok, out_logits, 0, NULL, NULL);
+  generate_on(f, kbits, first, B, steps, out_tok, out_logits, 0, 0, NULL, NULL);
 }
 
 START_TEST(batch_equals_single) {
@@ -314,6 +317,14 @@ START_TEST(batch_equals_single) {
     printf("model_dev %d-bit cache: batch %d equals one sequence at a time over %d greedy tokens each, logits "
            "within %.2e (bound %.0e)\n", bits[k], B, STEPS, worst, BATCH_REL_TOL);
     ck_assert(worst <= BATCH_REL_TOL);
+    /* batch-invariant steps (on the stream where there is one, as kivi-run runs them): the
+     * tokens and logits of each sequence alone, bit for bit */
+    const int stream = f.info.on_gpu && f.dm.blas;
+    generate_on(&f, bits[k], 0, B, STEPS, bt, bl, stream, 1, NULL, NULL);
+    ck_assert_int_eq(memcmp(bt, st, B * STEPS * sizeof *bt), 0);
+    ck_assert_int_eq(memcmp(bl, sl, (size_t)B * STEPS * VOCAB * sizeof *bl), 0);
+    printf("model_dev %d-bit cache, batch-invariant steps%s: tokens and logits bit-identical to each sequence "
+           "alone\n", bits[k], stream ? " on a stream" : "");
   }
   free(bt);
   free(st);
@@ -369,8 +380,8 @@ START_TEST(stream_equals_sync) {
   static const int bits[] = {2, 16};
   for (int k = 0; k < 2; ++k) {
     int64_t kern = 0, waits = 0;
-    generate_on(&f, bits[k], 0, B, STEPS, ta, la, 0, NULL, NULL);
-    generate_on(&f, bits[k], 0, B, STEPS, tb, lb, 1, &kern, &waits);
+    generate_on(&f, bits[k], 0, B, STEPS, ta, la, 0, 0, NULL, NULL);
+    generate_on(&f, bits[k], 0, B, STEPS, tb, lb, 1, 0, &kern, &waits);
     ck_assert_int_eq(memcmp(ta, tb, B * STEPS * sizeof *ta), 0);
     ck_assert_int_eq(memcmp(la, lb, (size_t)B * STEPS * VOCAB * sizeof *la), 0);
     ck_assert_int_ge(kern, (int64_t)MODEL_KERNELS * (STEPS - 1));

@@ -40,6 +40,7 @@ typedef struct options {
   int edge_layers, edge_k_bits, edge_v_bits; /* per-layer widths */
   int forward; /* FWD_*: where the model (not only the cache) runs */
   int f32;     /* --precision f32: the device model's weights and products in fp32 */
+  int invariant; /* --batch-invariant: the device model's decode steps as each sequence alone */
   double temperature;
   unsigned long long seed;
 } options;
@@ -55,7 +56,10 @@ static const char usage_text[] =
         "  generate   stream a reply to --prompt TEXT or --prompt-file F (chat template; --raw: none)\n"
         "             --max-tokens N (128) --temperature T (0 = greedy) --seed S --system TEXT\n"
         "             --prompts F: one prompt per line, all generated together (a batch; sequence i\n"
-        "             samples with seed S + i), each reply printed when all are done\n"
+        "             samples with seed S + i), each reply printed when all are done;\n"
+        "             --batch-invariant: on the device model, each decode step's products and\n"
+        "             attention one sequence at a time, so that every reply is the one its prompt\n"
+        "             gets alone, bit for bit (slower; the host model always runs so)\n"
         "  ppl FILE   perplexity of a text file: non-overlapping windows of --ctx N tokens (1024)\n"
         "             over its first --max-tokens N tokens (all); --chunk tokens per forward step;\n"
         "             --score all (every prediction of a window, default) or second-half (only the\n"
@@ -132,6 +136,7 @@ static int parse_args(int argc, char **argv, options *o) {
     if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
     if (!strcmp(a, "--no-stream")) { o->no_stream = 1; continue; }
     if (!strcmp(a, "--raw")) { o->raw = 1; continue; }
+    if (!strcmp(a, "--batch-invariant")) { o->invariant = 1; continue; }
     if (!strcmp(a, "--model")) sv = &o->model;
     else if (!strcmp(a, "--json")) sv = &o->json;
     else if (!strcmp(a, "--prompt")) sv = &o->prompt;
@@ -405,6 +410,7 @@ static int runner_start(runner *r, int max_len) {
       fprintf(stderr, "kivi-run: out of device memory for the activations\n");
       return -1;
     }
+    r->db.invariant = r->o.invariant;
     if (info.on_gpu && !r->o.no_stream && llm_dev_batch_set_stream(&r->db, r->cache, 1) && !r->o.quiet)
       fprintf(stderr, "kivi-run: no CUDA stream here (cuBLAS or the CUDA driver missing): calls waited for one by one\n");
   }
@@ -431,8 +437,9 @@ static int runner_start(runner *r, int max_len) {
     if (r->o.fake)
       fprintf(r->json, "  \"k_axis\": \"%s\", \"v_axis\": \"%s\",\n", r->o.k_per_token ? "token" : "channel",
               r->o.v_per_channel ? "channel" : "token");
-    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"forward\": \"%s\", \"precision\": \"%s\", \"stream\": %s, \"library\": \"%s\",\n",
+    fprintf(r->json, "  \"chunk\": %d, \"on_gpu\": %s, \"forward\": \"%s\", \"precision\": \"%s\", \"batch_invariant\": %s, \"stream\": %s, \"library\": \"%s\",\n",
             r->o.chunk, info.on_gpu ? "true" : "false", r->on_dev ? "device" : "host", r->on_dev && !r->dm.f32 ? "f16" : "f32",
+            !r->on_dev || r->o.invariant ? "true" : "false",
             r->on_dev && r->db.stream ? "true" : "false", kivi_version_string());
   }
   return 0;

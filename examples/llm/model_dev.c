@@ -304,6 +304,16 @@ static int matmul(const llm_dev_model *dm, float *y, const void *x, const void *
   return 0;
 }
 
+/* matmul() one row at a time where `one_by_one`: each row's sums then run in the order a call
+ * of that row alone takes (cuBLAS may choose another algorithm for other row counts) */
+static int matmul_rows(const llm_dev_model *dm, int one_by_one, float *y, const void *x, const void *w, int T, int K,
+                       int N, int acc) {
+  if (!one_by_one || T == 1) return matmul(dm, y, x, w, T, K, N, acc);
+  for (int t = 0; t < T; ++t)
+    if (matmul(dm, y + (size_t)t * N, (const char *)x + (size_t)t * K * el_size(dm), w, 1, K, N, acc)) return -1;
+  return 0;
+}
+
 /* xn[i] = x[row(i)] / rms * w (fp16, or fp32) for rows i < T; row(i) = sel ? sel[i] : i. */
 static void rmsnorm(const llm_dev_model *dm, void *xn, const float *x, const float *w, const int *sel, int T) {
   const int dev = dm->device, D = dm->s.dim, f32 = dm->f32;
@@ -604,6 +614,24 @@ static void gpu_argmax(const llm_dev_model *dm, int *best, const float *logits, 
     if ((st = (status_expr)) != KIVI_OK) goto done;                                                \
   } while (0)
 
+/* the decode attention of a step into att (att32 with rotated values; fp32 for LLM_DEV_F32): all
+ * sequences in one call, or, one_by_one, a call for each */
+static kivi_status decode_seqs(llm_dev_batch *b, kivi_cache *cache, int l, int n_seqs, const int *seq_ids, int one_by_one,
+                               float scale) {
+  const llm_dev_model *dm = b->m;
+  const int rot_v = (dm->rotate & LLM_ROTATE_V) != 0, D = dm->s.dim;
+  kivi_status (*dec)(kivi_cache *, int, int, const int *, int, const float *, float, void *, kivi_dtype, kivi_mem) =
+      b->stream ? kivi_attention_decode_async : kivi_attention_decode;
+  char *out = rot_v ? (char *)b->att32 : (char *)b->att;
+  const kivi_dtype ot = rot_v || dm->f32 ? KIVI_F32 : KIVI_F16;
+  const size_t orow = (size_t)D * (ot == KIVI_F32 ? sizeof(float) : sizeof(f16));
+  if (!one_by_one) return dec(cache, l, n_seqs, seq_ids, dm->s.n_heads, b->q, scale, out, ot, KIVI_MEM_DEVICE);
+  kivi_status st = KIVI_OK;
+  for (int i = 0; i < n_seqs && st == KIVI_OK; ++i)
+    st = dec(cache, l, 1, seq_ids + i, dm->s.n_heads, b->q + (size_t)i * D, scale, out + i * orow, ot, KIVI_MEM_DEVICE);
+  return st;
+}
+
 kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, const int *seq_ids,
                             const int *n_new, const int *start_pos, const int *tokens, float *logits, int all_logits,
                             int *best, llm_dev_times *times) {
@@ -636,6 +664,8 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
   const float scale = 1.0f / sqrtf((float)s->head_dim);
   const int rot = dm->rotate, rot_v = (rot & LLM_ROTATE_V) != 0, hd = s->head_dim;
   int rc = 0, scoped = 0;
+  /* a batch-invariant decode step: products and attention one sequence at a time (model_dev.h) */
+  const int inv = decode && b->invariant && n_seqs > 1;
   /* on a stream: every kernel of the call enqueued there (the cache's calls _async, the products
    * through cuBLAS on it, the regions above in the stream's scope), one wait at the end */
   const int on_stream = b->stream != NULL;
@@ -656,7 +686,7 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
   for (int l = 0; l < s->n_layers; ++l) {
     const llm_dev_layer *L = &dm->layers[l];
     TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, L->attn_norm, NULL, T));
-    TIMED(matmul, rc = matmul(dm, b->qkv, b->xn, L->wqkv, T, D, D + 2 * KV, 0));
+    TIMED(matmul, rc = matmul_rows(dm, inv, b->qkv, b->xn, L->wqkv, T, D, D + 2 * KV, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
     TIMED(other, ON_DEVICE(dm, rope_split, b->qkv, b->q, b->k, b->v, b->rope, T));
     if (rot & LLM_ROTATE_K) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->k, (size_t)T * s->n_kv_heads, hd);
@@ -667,9 +697,7 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
                                                                                  b->v, KIVI_F32, KIVI_MEM_DEVICE));
       TRY(st);
       /* rotated values: the output in fp32, rotated back below, then to the products' type */
-      TIMED(attention, st = (on_stream ? kivi_attention_decode_async : kivi_attention_decode)(cache, l, n_seqs, seq_ids, H, b->q, scale,
-                                                  rot_v ? (void *)b->att32 : b->att, rot_v || dm->f32 ? KIVI_F32 : KIVI_F16,
-                                                  KIVI_MEM_DEVICE));
+      TIMED(attention, st = decode_seqs(b, cache, l, n_seqs, seq_ids, inv, scale));
       TRY(st);
     } else {
       TIMED(attention, st = kivi_attention_extend(cache, l, n_seqs, seq_ids, n_new, H, b->q, b->k, b->v, scale,
@@ -682,19 +710,19 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
       if (rot_v) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->att32, (size_t)T * H, hd));
       TIMED(other, ON_DEVICE(dm, to_el, b->att, b->att32, (size_t)T * D));
     }
-    TIMED(matmul, rc = matmul(dm, b->x, b->att, L->wo, T, D, D, 1));
+    TIMED(matmul, rc = matmul_rows(dm, inv, b->x, b->att, L->wo, T, D, D, 1));
     if (rc) TRY(KIVI_ERR_DEVICE);
     TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, L->ffn_norm, NULL, T));
-    TIMED(matmul, rc = matmul(dm, b->gu, b->xn, L->wgu, T, D, 2 * F, 0));
+    TIMED(matmul, rc = matmul_rows(dm, inv, b->gu, b->xn, L->wgu, T, D, 2 * F, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
     TIMED(other, ON_DEVICE(dm, silu_mul, b->h, b->gu, T));
-    TIMED(matmul, rc = matmul(dm, b->x, b->h, L->wdown, T, F, D, 1));
+    TIMED(matmul, rc = matmul_rows(dm, inv, b->x, b->h, L->wdown, T, F, D, 1));
     if (rc) TRY(KIVI_ERR_DEVICE);
   }
   const int nl = all_logits ? T : n_seqs; /* logit rows: every token, or each sequence's last */
   if (logits || best) {
     TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, dm->out_norm, all_logits ? NULL : b->rows + 2 * T, nl));
-    TIMED(matmul, rc = matmul(dm, b->logits, b->xn, dm->output, nl, D, s->n_vocab, 0));
+    TIMED(matmul, rc = matmul_rows(dm, inv, b->logits, b->xn, dm->output, nl, D, s->n_vocab, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
     if (best) TIMED(other, ON_DEVICE(dm, argmax, b->best, b->logits, n_seqs));
   }

@@ -71,6 +71,10 @@ typedef struct llm_dev_batch {
   int *rows; /* [2 max_rows]: token, position */
   int *best; /* [max_seqs] argmax of each row's logits */
   void *stream; /* llm_dev_batch_set_stream: the CUDA stream every forward call enqueues on */
+  int invariant; /* 0 after init; 1: a decode step of several sequences runs each one's matrix
+                    products (one row each) and attention (one sequence each) as a step of that
+                    sequence alone does, so its logits are those of batch 1 bit for bit (more
+                    calls: slower) */
 } llm_dev_batch;
 
 /* `device`: an OpenMP device number (omp_get_initial_device() for the host).  0, or -1 with a
