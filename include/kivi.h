@@ -295,7 +295,10 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_append(kivi_cache *cache, int lay
                                                       const void *k, const void *v,
                                                       kivi_dtype dtype, kivi_mem mem);
 
-/** Empties a sequence on every layer and returns its blocks to the pool. */
+/** Empties a sequence on every layer and returns its blocks to the pool.  ::KIVI_ERR_ARG for a
+ * bad cache or seq_id; ::KIVI_ERR_NOMEM or ::KIVI_ERR_DEVICE where the sequence's bounds on the
+ * device cannot be cleared (the sequence is then unchanged), or an error of enqueued work it
+ * waits for first (as kivi_cache_wait). */
 KIVI_API kivi_status kivi_cache_reset_seq(kivi_cache *cache, int seq_id);
 
 /** Current length of a sequence on a layer. */

@@ -120,6 +120,19 @@ void kivi_cache_destroy(kivi_cache *c) {
   free(c);
 }
 
+/* Sets the V exponent bounds of n sequences from seq0 on (all their layers) to -14, "none"
+ * (2^-14 bounds fp16 subnormals).  KIVI_OK, KIVI_ERR_NOMEM or KIVI_ERR_DEVICE. */
+static kivi_status vexp_put_none(kivi_cache *c, int seq0, int n) {
+  const int NL = c->cfg.n_layers, H = c->cfg.n_kv_heads;
+  const size_t nve = (size_t)n * NL * H * 2;
+  int32_t *none = malloc(nve * sizeof *none);
+  if (!none) return KIVI_ERR_NOMEM;
+  for (size_t i = 0; i < nve; ++i) none[i] = -14;
+  const int err = kivi_dev_put(c->ctx, c->vexp + KIVI_VEXP_AT(seq0, 0, NL, H), none, nve * sizeof *none);
+  free(none);
+  return err ? KIVI_ERR_DEVICE : KIVI_OK;
+}
+
 kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, kivi_cache **out) {
   if (!out) return KIVI_ERR_ARG;
   *out = NULL;
@@ -163,20 +176,15 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   /* pop from the end: block 0 is handed out first */
   for (int64_t i = 0; i < c->n_blocks; ++i) c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
   c->n_free = c->n_blocks;
-  const size_t nvexp = (size_t)S * NL * cfg->n_kv_heads * 2;
-  int32_t *vexp0 = malloc(nvexp * 4);
   int64_t *zero = calloc(nflag, sizeof *zero);
-  if (!vexp0 || !zero) {
-    free(vexp0);
+  const kivi_status vst = zero ? vexp_put_none(c, 0, S) : KIVI_ERR_NOMEM;
+  if (vst) {
     free(zero);
     kivi_cache_destroy(c);
-    return KIVI_ERR_NOMEM;
+    return vst;
   }
-  for (size_t i = 0; i < nvexp; ++i) vexp0[i] = -14; /* 2^-14 bounds fp16 subnormals */
-  const int put_err = kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4) || kivi_dev_put(ctx, c->vexp, vexp0, nvexp * 4) ||
-                      kivi_dev_put(ctx, c->aflag, zero, nflag * sizeof *zero);
+  const int put_err = kivi_dev_put(ctx, c->bt, c->bt_host, bt_n * 4) || kivi_dev_put(ctx, c->aflag, zero, nflag * sizeof *zero);
   free(zero);
-  free(vexp0);
   if (put_err) {
     kivi_cache_destroy(c);
     return KIVI_ERR_DEVICE;
@@ -213,14 +221,9 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
   const kivi_status wst = kivi_async_drain(c); /* enqueued work first */
   if (wst) return wst;
   /* the sequence's V exponent bounds back to "none": its next values start them afresh */
-  const int R = c->cfg.residual, NL = c->cfg.n_layers, H = c->cfg.n_kv_heads;
-  const size_t nve = (size_t)NL * H * 2;
-  int32_t *none = malloc(nve * sizeof *none);
-  if (!none) return KIVI_ERR_NOMEM;
-  for (size_t i = 0; i < nve; ++i) none[i] = -14;
-  const int err = kivi_dev_put(c->ctx, c->vexp + KIVI_VEXP_AT(seq, 0, NL, H), none, nve * sizeof *none);
-  free(none);
-  if (err) return KIVI_ERR_DEVICE;
+  const kivi_status vst = vexp_put_none(c, seq, 1);
+  if (vst) return vst;
+  const int R = c->cfg.residual, NL = c->cfg.n_layers;
   for (int l = 0; l < NL; ++l) {
     int32_t *row = kivi_bt_row(c, seq, l);
     const int nb = kivi_len(c, seq, l) / R;
@@ -715,20 +718,17 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
     }
   }
   const kivi_context *ctx = c->ctx;
-  kivi_status st = KIVI_OK;
   /* return the sequence's blocks, take new ones */
   int32_t *row = kivi_bt_row(c, seq, layer);
   const int64_t nb_old = kivi_len(c, seq, layer) / R, nb = L / R;
-  if (!st) {
-    for (int64_t b = 0; b < nb_old; ++b) {
-      c->free_list[c->n_free++] = row[b];
-      row[b] = -1;
-    }
-    for (int64_t b = 0; b < nb; ++b) row[b] = c->free_list[--c->n_free];
-    c->len[(size_t)seq * NL + layer] = (int32_t)L;
+  for (int64_t b = 0; b < nb_old; ++b) {
+    c->free_list[c->n_free++] = row[b];
+    row[b] = -1;
   }
+  for (int64_t b = 0; b < nb; ++b) row[b] = c->free_list[--c->n_free];
+  c->len[(size_t)seq * NL + layer] = (int32_t)L;
   const size_t ring = (((size_t)seq * NL + layer) * H) * (size_t)R * D;
-  int err = st != KIVI_OK;
+  int err = 0;
   for (int64_t b = 0; b < nb && !err; ++b)
     err = kivi_dev_put(ctx, c->pool + (size_t)row[b] * l->block_bytes, im.blocks + (size_t)b * l->block_bytes,
                        l->block_bytes);
@@ -738,14 +738,14 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   if (!err) err = kivi_dev_put(ctx, c->vexp + KIVI_VEXP_AT(seq, layer, NL, H), vexp_new, (size_t)H * 2 * 4);
   images_free(&im);
   free(vexp_new);
-  if (err && !st) {
+  if (err) {
     /* a failed copy leaves this sequence empty rather than half-written */
     for (int64_t b = 0; b < nb; ++b) {
       c->free_list[c->n_free++] = row[b];
       row[b] = -1;
     }
     c->len[(size_t)seq * NL + layer] = 0;
-    st = KIVI_ERR_DEVICE;
+    return KIVI_ERR_DEVICE;
   }
-  return st;
+  return KIVI_OK;
 }

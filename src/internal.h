@@ -100,7 +100,7 @@ struct kivi_cache {
   int32_t *bt_host;     /* host mirror of bt */
   int32_t *len;         /* host: [seq][layer] lengths */
   int32_t *vexp;        /* device: [seq][layer][H][2] e with 2^e > every |V scale|, |V zero| of the
-                           sequence's quantized values (-14 when it has none; kivi_vexp_at) */
+                           sequence's quantized values (-14 when it has none; KIVI_VEXP_AT) */
   unsigned last_kernels; /* KIVI_KERNEL_* bits of the last attention call */
   int32_t *free_list;   /* host: stack of free block ids */
   int64_t n_free;

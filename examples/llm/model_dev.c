@@ -84,7 +84,8 @@ static int check_shape(const llm_dev_shape *s, char *err, size_t errlen) {
 }
 
 /* ---- weights from a host model (fp32, any GGUF type) ------------------------------------ */
-/* n weights to dst[at..] in the model's element type; -1 also for a weight beyond fp16's range */
+/* n weights to dst[at..] in the model's element type (fp16 through tmp, fp32 directly); -1 also
+ * for a weight beyond fp16's range */
 static int put_w(llm_dev_model *dm, void *dst, size_t at, const float *src, size_t n, f16 *tmp) {
   if (dm->f32) return upload(dm, (float *)dst + at, src, n * sizeof(float));
   int bad = 0;
@@ -109,8 +110,8 @@ int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, l
   }
   const size_t D = (size_t)m->dim, F = (size_t)m->ffn_dim, KV = (size_t)m->n_kv_heads * m->head_dim,
                V = (size_t)m->n_vocab, big = V * D > F * D ? V * D : F * D;
-  f16 *tmp = malloc((big > D * D ? big : D * D) * sizeof(f16));
-  int bad = !tmp;
+  f16 *tmp = dm->f32 ? NULL : malloc((big > D * D ? big : D * D) * sizeof(f16)); /* put_w's fp16 staging */
+  int bad = !dm->f32 && !tmp;
   bad = bad || put_w(dm, dm->tok_embd, 0, m->tok_embd, V * D, tmp);
   bad = bad || (!tied && put_w(dm, dm->output, 0, m->output, V * D, tmp));
   bad = bad || upload(dm, dm->out_norm, m->out_norm, D * sizeof(float));
@@ -237,22 +238,22 @@ const char *llm_dev_matmul_name(const llm_dev_model *dm) {
 /* ---- batch scratch ---------------------------------------------------------------------- */
 /* the scratch of a batch: element counts of the fp32 buffers, of the products' inputs (el_size)
  * and of the int buffers, in struct order */
-static void batch_sizes(const llm_dev_model *m, int max_rows, int max_seqs, int logit_rows, size_t f32s[9], size_t f16s[3],
+static void batch_sizes(const llm_dev_model *m, int max_rows, int max_seqs, int logit_rows, size_t f32s[9], size_t els[3],
                         size_t *ints) {
   const size_t R = (size_t)max_rows, S = (size_t)max_seqs, LR = (size_t)(logit_rows > max_seqs ? logit_rows : max_seqs), D = (size_t)m->s.dim, F = (size_t)m->s.ffn_dim,
                KV = (size_t)m->s.n_kv_heads * m->s.head_dim, V = (size_t)m->s.n_vocab;
   const size_t a[9] = {R * D, R * (D + 2 * KV), R * D, R * KV, R * KV, R * D, R * 2 * F, LR * V, R * (size_t)m->s.head_dim};
   const size_t b[3] = {R * D, R * D, R * F};
   memcpy(f32s, a, sizeof a);
-  memcpy(f16s, b, sizeof b);
+  memcpy(els, b, sizeof b);
   *ints = 2 * R + 2 * S;
 }
 
 size_t llm_dev_batch_bytes(const llm_dev_model *m, int max_rows, int max_seqs, int logit_rows) {
-  size_t f32s[9], f16s[3], ints, bytes = 0;
-  batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, f16s, &ints);
+  size_t f32s[9], els[3], ints, bytes = 0;
+  batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, els, &ints);
   for (int i = 0; i < 9; ++i) bytes += f32s[i] * sizeof(float);
-  for (int i = 0; i < 3; ++i) bytes += f16s[i] * el_size(m);
+  for (int i = 0; i < 3; ++i) bytes += els[i] * el_size(m);
   return bytes + ints * sizeof(int);
 }
 
@@ -263,13 +264,13 @@ int llm_dev_batch_init(llm_dev_batch *b, const llm_dev_model *m, int max_rows, i
   b->max_rows = max_rows;
   b->max_seqs = max_seqs;
   b->logit_rows = logit_rows > max_seqs ? logit_rows : max_seqs;
-  size_t f32s[9], f16s[3], ints;
-  batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, f16s, &ints);
+  size_t f32s[9], els[3], ints;
+  batch_sizes(m, max_rows, max_seqs, logit_rows, f32s, els, &ints);
   float **f32p[] = {&b->x, &b->qkv, &b->q, &b->k, &b->v, &b->att32, &b->gu, &b->logits, &b->rope};
-  void **f16p[] = {&b->xn, &b->att, &b->h};
+  void **elp[] = {&b->xn, &b->att, &b->h};
   int bad = 0;
   for (int i = 0; i < 9; ++i) bad |= !(*f32p[i] = dev_alloc(m, f32s[i] * sizeof(float)));
-  for (int i = 0; i < 3; ++i) bad |= !(*f16p[i] = dev_alloc(m, f16s[i] * el_size(m)));
+  for (int i = 0; i < 3; ++i) bad |= !(*elp[i] = dev_alloc(m, els[i] * el_size(m)));
   bad |= !(b->rows = dev_alloc(m, (ints - (size_t)max_seqs) * sizeof(int))) ||
          !(b->best = dev_alloc(m, (size_t)max_seqs * sizeof(int)));
   if (bad) {
