@@ -212,7 +212,10 @@ typedef struct kivi_cache_config {
                         scratch memory. */
   int rotate;      /**< ::kivi_rotation (default ::KIVI_ROTATE_NONE): store keys and/or values
                         Hadamard-rotated (head_dim must then be a power of two) */
-  int32_t reserved[17]; /**< must be 0 (kivi_cache_config_init() zeroes them); later versions
+  int sinks;       /**< S, 0 (default) to ::KIVI_MAX_SINKS: the first S tokens of every sequence (the
+                        "attention sinks") are kept in fp16 and never quantized; see "Sink tokens"
+                        below */
+  int32_t reserved[16]; /**< must be 0 (kivi_cache_config_init() zeroes them); later versions
                              give them meanings whose 0 keeps today's behaviour */
 } kivi_cache_config;
 
@@ -250,15 +253,32 @@ typedef enum kivi_rotation {
 } kivi_rotation;
 
 #define KIVI_MAX_ASYNC_LANES 8 /**< the largest kivi_cache_config::async_lanes */
+#define KIVI_MAX_SINKS 256      /**< the largest kivi_cache_config::sinks */
+
+/** @par Sink tokens (kivi_cache_config::sinks = S > 0)
+ * Tokens 0 .. S-1 of a sequence are stored in fp16 (as given, rounded to fp16, and rotated
+ * where the cache rotates) in a sink area of S tokens per (sequence, layer, kv-head), and never
+ * quantized.  The tokens from position S on form the quantized stream: every rule of the
+ * streaming semantics above applies to them with their position minus S (for a sequence of
+ * length L > S: the first (L-S) - ((L-S) mod R) of them have quantized keys, the last
+ * min(L-S, R) fp16 values).  Attention sees all L tokens, in one softmax.  Small models put
+ * large, outlying keys and values on their first tokens, which the 2-bit groups of the tokens
+ * around them would otherwise have to span (StreamingLLM; KVQuant's "attention sink" tokens).
+ * A sequence of length L holds min(L, S) sink tokens: S x 2 x head_dim x 2 bytes per layer
+ * and kv-head once L >= S (2 KiB at S = 4, head_dim 64).  A cache of 16-bit keys and values
+ * keeps every token in fp16 already; there `sinks` changes nothing but the checkpoint header.
+ * kivi_cache_export_seq() starts each kv-head's state with the sink tokens; checkpoints record
+ * S and load only into a cache with the same S. */
 
 /** Fills a config with the paper defaults: 2-bit K and V, G = 32, R = 128, fast attention,
- * pool_tokens 0, async_lanes 1, no rotation, reserved members 0.  Does nothing for NULL. */
+ * pool_tokens 0, async_lanes 1, no rotation, no sink tokens, reserved members 0.  Does nothing for NULL. */
 KIVI_API void kivi_cache_config_init(kivi_cache_config *cfg, int n_layers, int n_kv_heads,
                                      int head_dim, int max_seqs, int max_seq_len);
 
 /** Checks a config without allocating.
  * @return ::KIVI_OK; ::KIVI_ERR_ARG for a NULL config, a count or size out of range, an unknown
- *         attention mode or rotation, or a non-zero reserved member; ::KIVI_ERR_UNSUPPORTED for
+ *         attention mode or rotation, sinks outside 0..::KIVI_MAX_SINKS, or a non-zero reserved
+ *         member; ::KIVI_ERR_UNSUPPORTED for
  *         bits, group, residual or head_dim values this library does not implement, and for a
  *         rotation with a head_dim that is not a power of two.
  * kivi_cache_config_reason() names the rule that failed. */
@@ -310,7 +330,7 @@ typedef struct kivi_cache_stats {
   int64_t tokens;           /**< sum of all sequence lengths over all layers */
   size_t code_bytes;        /**< packed codes of quantized tokens (K and V) */
   size_t scale_zero_bytes;  /**< fp16 scales and zeros */
-  size_t residual_bytes;    /**< fp16 tokens in the residual windows */
+  size_t residual_bytes;    /**< fp16 tokens in the residual windows and sink areas */
   size_t bookkeeping_bytes; /**< block tables and lengths of the sequences in use */
   size_t total_bytes;       /**< the sum of the four above: what the live tokens cost */
   size_t fp16_bytes;        /**< the same tokens stored as plain fp16 K and V */
@@ -330,13 +350,15 @@ typedef struct kivi_cache_stats {
 KIVI_API kivi_status kivi_cache_get_stats(const kivi_cache *cache, kivi_cache_stats *stats);
 
 /** The live state of one sequence on one layer in the packed format (docs/FORMAT.md):
- *   for each kv-head h:
- *   - K codes   [Lk][kw] u32   Lk = L - L mod R quantized keys, kw = head_dim * k_bits / 32
+ *   for each kv-head h, with Ls = min(L, S) sink tokens (kivi_cache_config::sinks = S; 0 for a
+ *   cache of 16-bit keys and values) and Q = L - Ls tokens in the quantized stream:
+ *   - K sinks   [Ls][head_dim] fp16, then V sinks [Ls][head_dim] fp16 (absent when Ls = 0)
+ *   - K codes   [Lk][kw] u32   Lk = Q - Q mod R quantized keys, kw = head_dim * k_bits / 32
  *   - K scale/zero [Lk/G][2][head_dim] fp16 (absent when k_bits = 16)
- *   - V codes   [Lv][vw] u32   Lv = max(0, L - R) quantized values
+ *   - V codes   [Lv][vw] u32   Lv = max(0, Q - R) quantized values
  *   - V scale/zero [Lv][head_dim/G][2] fp16 (absent when v_bits = 16)
- *   - K residual [L - Lk][head_dim] fp16, oldest first
- *   - V residual [L - Lv][head_dim] fp16, oldest first
+ *   - K residual [Q - Lk][head_dim] fp16, oldest first
+ *   - V residual [Q - Lv][head_dim] fp16, oldest first
  *
  * @param buf    NULL to ask for the size, or a buffer of *bytes bytes
  * @param bytes  in: the buffer's size; out: the size of the state.  On ::KIVI_ERR_BUFFER (the

@@ -15,9 +15,12 @@
  *   q      [rows][HQ][D] f32 queries          kn, vn [new tokens][H][D] f32 (extend only)
  *   part_o [rows][HQ][nslots][D] f32          part_ml [rows][HQ][nslots][2] f32 (m, l; base 2)
  *   out    [rows][HQ][D] f32 or f16           lse [rows][HQ] f32 (optional)
- *   dd     [5][rows] int64: seq, Lc, e, first new token of the row's sequence, first token of
- *          the portable kernel (after the fast path's share); uploaded only when the portable
- *          kernel runs (the fast kernel maps the host copy with its launch)
+ *   dd     [6][rows] int64: seq, Lc (tokens of the quantized stream), e, first new token of the
+ *          row's sequence, first token of the portable kernel (after the fast path's share),
+ *          sink tokens; uploaded only when the portable kernel runs (the fast and sink kernels
+ *          map the host copy with their launches)
+ *   ksink, vsink  the sink tokens (cache.c); with sinks, slot nslots - 1 of every (row, head)
+ *          is theirs (attention_sink.inc, before the other kernels), the combines take it in
  *   cnt    [rows][H][head chunks] u32 arrival counters, zero between calls ([rows][HQ] for
  *          the fused fast kernel) */
 #include <math.h>
@@ -42,7 +45,9 @@ _Static_assert(KIVI_ATT_QSCAP >= (KIVI_ATT_TILE / KIVI_MIN_GROUP) * KIVI_MAX_HEA
 _Static_assert(KIVI_ATT_OCAP >= KIVI_ATT_NT * 16, "V partials of all lanes fit");
 _Static_assert(KIVI_ATT_PCAP % KIVI_ATT_TILE == 0, "splits are whole tiles");
 
-enum { R_SEQ, R_LC, R_E, R_NEW, R_BEG, R_NCOLS }; /* R_BEG: first token of the portable kernel */
+/* R_BEG: first token of the portable kernel; R_LC: the row's tokens in the quantized stream,
+ * R_NS: its sink tokens (kivi_cache_config.sinks), whose partial the sink kernel writes */
+enum { R_SEQ, R_LC, R_E, R_NEW, R_BEG, R_NS, R_NCOLS };
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -81,10 +86,11 @@ typedef struct att_plan {
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
   int gqa;                           /* the fast path's GQA kernel (attention_gqa.inc) */
   int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
-  int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 */
+  int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 - sink */
+  int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
   int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
   int64_t new_pad;                   /* its staging rows (each sequence's new tokens padded to 32) */
-  int64_t nslots;                    /* partials per (row, head): nf + nsplit (+ 1 newk), or nf + 1 fused */
+  int64_t nslots;                    /* partials per (row, head): nf + nsplit (+ 1 newk), or nf + 1 fused; + 1 sink */
 } att_plan;
 
 static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, int on_gpu) {
@@ -190,7 +196,8 @@ static kivi_status run_new(kivi_cache *c, int rows, const int64_t *hd, const att
   }
   const size_t part = new_part_bytes(c, pl);
   kivi_gpu_extend_new(c, tk, ns, nt, pl->new_pad, HQ, q, kn, vn, qmul, (uint16_t *)st, (uint16_t *)(st + part),
-                      (int32_t *)(st + 2 * part), part_o, part_ml, pl->nslots, pl->nslots - 1, out, lse, async, lane);
+                      (int32_t *)(st + 2 * part), part_o, part_ml, pl->nslots, pl->nslots - 1 - pl->sink, out, lse, async,
+                      lane);
   free(tab);
   return KIVI_OK;
 }
@@ -235,6 +242,19 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
     if (pst) return pst;
   }
   const float qmul = scale * 1.4426950408889634f; /* base-2 softmax */
+  if (pl->sink) { /* the sink tokens' partials, before the kernels whose combines read them */
+    const int64_t *sd = async == KIVI_RUN_ENQUEUE ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
+    if (!sd) return KIVI_ERR_NOMEM;
+    const uint16_t *ksink = c->ksink, *vsink = c->vsink;
+    const int64_t nsi = (int64_t)rows * HQ * D, sslot = nslots - 1, ndd = (int64_t)ddn;
+    const int ns = c->ns, dev = ctx->device;
+    if (!ctx->on_gpu || kivi_gpu_sink_partials(c, layer, rows, HQ, sd, ndd, R_SEQ, R_NS, q, qmul, part_o, part_ml,
+                                               nslots, async, lane)) {
+#define KIVI_REGION_FILE "attention_sink.inc"
+#include "region_twice.inc"
+#undef KIVI_REGION_FILE
+    }
+  }
   const int fastk = pl->nf > 0 || pl->fused; /* the fast path's kernel runs */
   if (fastk) {
     /* enqueued: a copy kept until the wait (the stream route copies it at the launch) */
@@ -345,8 +365,14 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     for (int r = 0; r < rows; ++r)
       if (hd[R_BEG * (int64_t)rows + r] > (int64_t)nf * fs) hd[R_BEG * (int64_t)rows + r] = (int64_t)nf * fs;
   }
+  int sink = 0; /* some row has sink tokens */
+  for (int r = 0; r < rows; ++r) sink |= hd[R_NS * (int64_t)rows + r] > 0;
+  /* a call whose rows have no quantized-stream tokens (and, decoding, no new ones) still runs
+   * one portable split, whose combine takes the sink tokens' (and the new tokens') partials */
+  if (sink && maxT == 0) maxT = 1;
   att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
   p.fs = fs;
+  p.sink = sink;
   p.gqa = gqa;
   p.f16 = 0;
   p.nf = nf;
@@ -362,7 +388,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
       p.new_tiles += e % KIVI_NEW_TILE == 0;
       p.new_pad += e % 32 == 0 ? 32 : 0;
     }
-  p.nslots = p.nf + (p.fused ? 1 : p.nsplit + newk);
+  p.nslots = p.nf + (p.fused ? 1 : p.nsplit + newk) + sink;
   return p;
 }
 
@@ -397,7 +423,8 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
     const int64_t L = kivi_len(c, seq_ids[i], layer);
     if (L < 1) { free(hd); return KIVI_ERR_ARG; }
     hd[R_SEQ * n_seqs + i] = seq_ids[i];
-    hd[R_LC * n_seqs + i] = L;
+    hd[R_LC * n_seqs + i] = kivi_qlen(c, L);
+    hd[R_NS * n_seqs + i] = L - kivi_qlen(c, L);
     hd[R_E * n_seqs + i] = 0;
     hd[R_NEW * n_seqs + i] = 0;
   }
@@ -473,7 +500,8 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
     const int64_t L = kivi_len(c, seq_ids[i], layer), first = r;
     for (int j = 0; j < q_lens[i]; ++j, ++r) {
       hd[R_SEQ * rows + r] = seq_ids[i];
-      hd[R_LC * rows + r] = L;
+      hd[R_LC * rows + r] = kivi_qlen(c, L);
+      hd[R_NS * rows + r] = L - kivi_qlen(c, L);
       hd[R_E * rows + r] = j + 1;
       hd[R_NEW * rows + r] = first;
     }

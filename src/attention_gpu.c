@@ -580,6 +580,21 @@ void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles
 #undef KIVI_REGION_FILE
 }
 
+int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd, int col_seq,
+                           int col_ns, const float *q, float qmul, float *part_o, float *part_ml, int64_t nslots,
+                           int async, int lane) {
+  const uint16_t *ksink = c->ksink, *vsink = c->vsink;
+  const int D = c->cfg.head_dim, H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, ns = c->ns, gsz = HQ / H;
+  const int dev = c->ctx->device;
+  const int64_t nit = (int64_t)rows * HQ, nb = (nit + FNW - 1) / FNW, sslot = nslots - 1;
+  if (nb > INT32_MAX) return -1;
+  const int nblk = (int)nb;
+#define KIVI_REGION_FILE "attention_sink_gpu.inc"
+#include "region_twice.inc"
+#undef KIVI_REGION_FILE
+  return 0;
+}
+
 int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
                          int rotate, int async, int lane) {
   const int D = c->cfg.head_dim, dev = c->ctx->device, st = (int)src_t, dt = (int)dst_t;
@@ -625,6 +640,13 @@ void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles
   (void)c; (void)tab; (void)nseq; (void)ntiles; (void)P; (void)HQ; (void)q; (void)kn; (void)vn; (void)qmul; (void)kx;
   (void)vx; (void)ex; (void)part_o; (void)part_ml; (void)nslots; (void)slot; (void)out; (void)lse; (void)async;
   (void)lane;
+}
+int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd, int col_seq,
+                           int col_ns, const float *q, float qmul, float *part_o, float *part_ml, int64_t nslots,
+                           int async, int lane) {
+  (void)c; (void)layer; (void)rows; (void)HQ; (void)sd; (void)ndd; (void)col_seq; (void)col_ns; (void)q; (void)qmul;
+  (void)part_o; (void)part_ml; (void)nslots; (void)async; (void)lane;
+  return -1;
 }
 int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,
                          int rotate, int async, int lane) {

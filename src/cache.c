@@ -64,6 +64,7 @@ static kivi_status config_verdict(const kivi_cache_config *c, const char **why) 
   KIVI_RULE(c->async_lanes < 0 || c->async_lanes > KIVI_MAX_ASYNC_LANES, KIVI_ERR_ARG, "async_lanes must be 0..8");
   KIVI_RULE(c->rotate < KIVI_ROTATE_NONE || c->rotate > KIVI_ROTATE_KV, KIVI_ERR_ARG,
             "rotate must be KIVI_ROTATE_NONE, _K, _V or _KV");
+  KIVI_RULE(c->sinks < 0 || c->sinks > KIVI_MAX_SINKS, KIVI_ERR_ARG, "sinks must be 0..256");
   int reserved_set = 0;
   for (size_t i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; ++i) reserved_set |= c->reserved[i] != 0;
   KIVI_RULE(reserved_set, KIVI_ERR_ARG, "reserved members must be zero (start from kivi_cache_config_init)");
@@ -108,6 +109,8 @@ void kivi_cache_destroy(kivi_cache *c) {
   kivi_dev_free(ctx, c->vres);
   kivi_dev_free(ctx, c->bt);
   kivi_dev_free(ctx, c->vexp);
+  kivi_dev_free(ctx, c->ksink);
+  kivi_dev_free(ctx, c->vsink);
   for (int i = 0; i < KIVI_MAX_ASYNC_LANES; ++i) {
     kivi_scratch_free(ctx, &c->lanes[i].stage);
     kivi_scratch_free(ctx, &c->lanes[i].work);
@@ -160,6 +163,12 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
   c->vexp = kivi_dev_alloc(ctx, (size_t)S * NL * cfg->n_kv_heads * 2 * 4);
+  c->ns = cfg->k_bits == 16 && cfg->v_bits == 16 ? 0 : cfg->sinks;
+  if (c->ns) {
+    const size_t sink = (size_t)S * NL * cfg->n_kv_heads * c->ns * cfg->head_dim * 2;
+    c->ksink = kivi_dev_alloc(ctx, sink);
+    c->vsink = kivi_dev_alloc(ctx, sink);
+  }
   /* flags: [layer], then each lane's arrival counter, then each lane's V bounds of the
    * one-kernel append ([seq of the call][H][2] int32 in KIVI_APPEND_FUSED_SEQS H values) */
   const size_t nflag = (size_t)NL + KIVI_MAX_ASYNC_LANES * (1 + (size_t)KIVI_APPEND_FUSED_SEQS * cfg->n_kv_heads);
@@ -168,7 +177,7 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->len = calloc((size_t)S * NL, 4);
   c->free_list = malloc((size_t)(c->n_blocks > 0 ? c->n_blocks : 1) * 4);
   if (!c->pool || !c->kres || !c->vres || !c->bt || !c->vexp || !c->aflag || !c->bt_host || !c->len ||
-      !c->free_list) {
+      !c->free_list || (c->ns && (!c->ksink || !c->vsink))) {
     kivi_cache_destroy(c);
     return KIVI_ERR_NOMEM;
   }
@@ -226,7 +235,7 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
   const int R = c->cfg.residual, NL = c->cfg.n_layers;
   for (int l = 0; l < NL; ++l) {
     int32_t *row = kivi_bt_row(c, seq, l);
-    const int nb = kivi_len(c, seq, l) / R;
+    const int nb = (int)(kivi_qlen(c, kivi_len(c, seq, l)) / R);
     for (int b = 0; b < nb; ++b) {
       c->free_list[c->n_free++] = row[b];
       row[b] = -1;
@@ -328,7 +337,7 @@ static size_t dtype_size(kivi_dtype t) { return t == KIVI_F32 ? 4 : 2; }
 static void append_undo_blocks(kivi_cache *c, int layer, int n_seqs, const int *seq_ids, const int *n_new) {
   const int R = c->cfg.residual;
   for (int i = n_seqs - 1; i >= 0; --i) {
-    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
+    const int64_t L0 = kivi_len(c, seq_ids[i], layer), L = kivi_qlen(c, L0), L2 = kivi_qlen(c, L0 + n_new[i]);
     int32_t *row = kivi_bt_row(c, seq_ids[i], layer);
     for (int64_t b = L2 / R - 1; b >= L / R; --b) {
       c->free_list[c->n_free++] = row[b];
@@ -355,14 +364,18 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   if (!n_new) return KIVI_ERR_ARG;
   const int R = c->cfg.residual, G = c->cfg.group, H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
   const int NL = c->cfg.n_layers;
-  int64_t total = 0, need_blocks = 0;
-  int max_new = 0;
+  /* Per sequence: its new tokens go first to the sink area (positions < ns), the rest to the
+   * quantized stream, whose length L (positions minus ns) the descriptor and kernels see. */
+  int64_t total = 0, need_blocks = 0, nsink = 0;
+  int max_new = 0; /* new tokens of the quantized stream, the most of one sequence */
   for (int i = 0; i < n_seqs; ++i) {
     if (n_new[i] < 0) return KIVI_ERR_ARG;
-    if (n_new[i] > max_new) max_new = n_new[i];
-    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
-    if (L2 > c->cfg.max_seq_len) return KIVI_ERR_CAPACITY;
+    const int64_t L0 = kivi_len(c, seq_ids[i], layer), L = kivi_qlen(c, L0);
+    if (L0 + n_new[i] > c->cfg.max_seq_len) return KIVI_ERR_CAPACITY;
+    const int64_t L2 = kivi_qlen(c, L0 + n_new[i]);
+    if (L2 - L > max_new) max_new = (int)(L2 - L);
     need_blocks += L2 / R - L / R;
+    nsink += n_new[i] - (L2 - L);
     total += n_new[i];
   }
   if (total == 0) return KIVI_OK;
@@ -385,7 +398,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   /* Host state first: the new blocks (handed back below if anything fails). */
   const kivi_context *ctx = c->ctx;
   for (int i = 0; i < n_seqs; ++i) {
-    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
+    const int64_t L0 = kivi_len(c, seq_ids[i], layer), L = kivi_qlen(c, L0), L2 = kivi_qlen(c, L0 + n_new[i]);
     int32_t *row = kivi_bt_row(c, seq_ids[i], layer);
     for (int64_t b = L / R; b < L2 / R; ++b) row[b] = c->free_list[--c->n_free];
   }
@@ -431,13 +444,36 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   int64_t *btu = (int64_t *)img + n_desc; /* pairs (index into bt, block id) */
   int64_t stage_tok = 0, kb = 0, vq = 0;
   size_t u = 0;
+  /* the sink image: [(sink offset of head 0, input row) per sink token | with a host input its
+   * fp16 K rows, then V rows ([nsink][H][D] each)] */
+  const size_t stab = ((size_t)nsink * 16 + 15) & ~(size_t)15, n_simg = nsink ? stab + (mem == KIVI_MEM_HOST ? 2 * (size_t)nsink * H * D * 2 : 0) : 0;
+  unsigned char *simg = nsink ? malloc(n_simg) : NULL;
+  if (nsink && !simg) {
+    free(img);
+    free(rot_host);
+    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+    return KIVI_ERR_NOMEM;
+  }
+  int64_t sk = 0;
   for (int i = 0; i < n_seqs; ++i) {
-    const int64_t L = kivi_len(c, seq_ids[i], layer), L2 = L + n_new[i];
-    const int64_t vb0 = L > R ? L - R : 0, vb1 = L2 > R ? L2 - R : 0;
+    const int64_t L0 = kivi_len(c, seq_ids[i], layer), L = kivi_qlen(c, L0), L2 = kivi_qlen(c, L0 + n_new[i]);
+    const int64_t vb0 = L > R ? L - R : 0, vb1 = L2 > R ? L2 - R : 0, nsk = n_new[i] - (L2 - L);
+    for (int64_t t = 0; t < nsk; ++t, ++sk) {
+      ((int64_t *)simg)[2 * sk] = (int64_t)kivi_sink_at(c, seq_ids[i], layer, 0) + (L0 + t) * D;
+      ((int64_t *)simg)[2 * sk + 1] = stage_tok + t;
+      if (mem == KIVI_MEM_HOST) { /* checked below with the whole input */
+        uint16_t *sh = (uint16_t *)(simg + stab);
+        for (int64_t e = 0; e < (int64_t)H * D; ++e) {
+          const int64_t j = (stage_tok + t) * H * D + e;
+          sh[sk * H * D + e] = kivi_in_f16(k, j, (int)dtype);
+          sh[(nsink + sk) * H * D + e] = kivi_in_f16(v, j, (int)dtype);
+        }
+      }
+    }
     col[D_SEQ][i] = seq_ids[i];
     col[D_L][i] = L;
-    col[D_N][i] = n_new[i];
-    col[D_STAGE][i] = stage_tok;
+    col[D_N][i] = L2 - L;
+    col[D_STAGE][i] = stage_tok + nsk;
     col[D_KBPRE][i] = kb;
     col[D_VQPRE][i] = vq;
     col[D_VQBEG][i] = vb0;
@@ -454,12 +490,18 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   if (mem == KIVI_MEM_HOST &&
       (copy_finite(img + head, k, nel, dtype) | copy_finite(img + head + nel * esz, v, nel, dtype))) {
     free(img);
+    free(simg);
     free(rot_host);
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NONFINITE;
   }
   free(rot_host); /* copied into the image */
   const int64_t call_id = ++c->next_id;
+  if (async && simg && kivi_async_keep(c, simg)) { /* (which frees it) */
+    free(img);
+    append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
+    return KIVI_ERR_NOMEM;
+  }
   if (async && (kivi_async_keep(c, img) || kivi_async_log_append(c, call_id, layer, n_seqs, seq_ids, n_new))) {
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NOMEM;
@@ -487,6 +529,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
    * and undoes this append if it failed.) */
   if (!async) {
     free(img);
+    free(simg);
     if (flag_out) {
       const int64_t zero = 0;
       append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
@@ -560,14 +603,14 @@ kivi_status kivi_cache_get_stats(const kivi_cache *c, kivi_cache_stats *s) {
   for (int q = 0; q < c->cfg.max_seqs; ++q) {
     int used = 0;
     for (int y = 0; y < c->cfg.n_layers; ++y) {
-      const int64_t L = kivi_len(c, q, y);
-      if (!L) continue;
+      const int64_t L0 = kivi_len(c, q, y), L = kivi_qlen(c, L0); /* L: the quantized stream */
+      if (!L0) continue;
       used = 1;
       const int64_t Lk = L - L % R, Lv = L > R ? L - R : 0;
-      s->tokens += L;
+      s->tokens += L0;
       s->code_bytes += (size_t)H * ((size_t)Lk * l->kw * 4 + (size_t)Lv * l->vw * 4);
       s->scale_zero_bytes += (size_t)H * ((size_t)(Lk / G) * ksz_tok + (size_t)Lv * vsz_tok);
-      s->residual_bytes += (size_t)H * (size_t)((L - Lk) + (L - Lv)) * D * 2;
+      s->residual_bytes += (size_t)H * (size_t)((L - Lk) + (L - Lv) + 2 * (L0 - L)) * D * 2;
       blocks_used += L / R;
     }
     seqs_used += used;
@@ -577,7 +620,8 @@ kivi_status kivi_cache_get_stats(const kivi_cache *c, kivi_cache_stats *s) {
   s->fp16_bytes = (size_t)s->tokens * H * D * 2 * 2;
   s->bits_per_element = s->tokens ? (double)s->total_bytes * 8.0 / (2.0 * (double)s->tokens * H * D) : 0.0;
   const size_t ring = (size_t)c->cfg.max_seqs * c->cfg.n_layers * H * R * D * 2;
-  s->allocated_bytes = (size_t)c->n_blocks * l->block_bytes + 2 * ring +
+  const size_t sink = (size_t)c->cfg.max_seqs * c->cfg.n_layers * H * c->ns * D * 2;
+  s->allocated_bytes = (size_t)c->n_blocks * l->block_bytes + 2 * ring + 2 * sink +
                        (size_t)c->cfg.max_seqs * c->cfg.n_layers * (c->max_blocks ? c->max_blocks : 1) * 4;
   s->free_blocks = c->n_free;
   s->total_blocks = c->n_blocks;
@@ -587,12 +631,12 @@ kivi_status kivi_cache_get_stats(const kivi_cache *c, kivi_cache_stats *s) {
 
 /* ---- export / import: the packed state of one (sequence, layer), docs/FORMAT.md ---- */
 
-size_t kivi_export_size(const kivi_cache *c, int64_t L) {
+size_t kivi_export_size(const kivi_cache *c, int64_t L0) {
   const kivi_layout *l = &c->lay;
-  const int64_t Lk = L - L % l->R, Lv = L > l->R ? L - l->R : 0;
+  const int64_t L = kivi_qlen(c, L0), Lk = L - L % l->R, Lv = L > l->R ? L - l->R : 0;
   const size_t per_head = (size_t)Lk * l->kw * 4 + (l->kb < 16 ? (size_t)(Lk / l->G) * 2 * l->D * 2 : 0) +
                           (size_t)Lv * l->vw * 4 + (l->vb < 16 ? (size_t)Lv * (l->D / l->G) * 4 : 0) +
-                          (size_t)((L - Lk) + (L - Lv)) * l->D * 2;
+                          (size_t)((L - Lk) + (L - Lv) + 2 * (L0 - L)) * l->D * 2;
   return per_head * l->H;
 }
 
@@ -600,13 +644,15 @@ size_t kivi_export_size(const kivi_cache *c, int64_t L) {
  * device address, bytes)` on host staging images of the blocks and rings.  Blocks and rings
  * cross the bus whole (one copy each), not piece by piece. */
 typedef struct seq_images {
-  unsigned char *blocks; /* floor(L/R) blocks, block_bytes each */
+  unsigned char *blocks; /* floor(L/R) blocks, block_bytes each (L: the quantized stream) */
   uint16_t *kring, *vring; /* H rings of R x D */
+  uint16_t *ksink, *vsink; /* H sink areas of ns x D (NULL without sinks) */
 } seq_images;
 
-static void walk_export(const kivi_cache *c, int64_t L, seq_images *im, unsigned char *e, int to_export) {
+static void walk_export(const kivi_cache *c, int64_t L0, seq_images *im, unsigned char *e, int to_export) {
   const kivi_layout *l = &c->lay;
   const int R = l->R, G = l->G, D = l->D, H = l->H;
+  const int64_t L = kivi_qlen(c, L0), Ls = L0 - L;
   const int64_t Lk = L - L % R, Lv = L > R ? L - R : 0;
   const size_t kcode_blk = (size_t)R * l->kw * 4, ksz_blk = l->vcode_off - l->ksz_off;
   const size_t vcode_tok = (size_t)l->vw * 4, vsz_tok = l->vb < 16 ? (size_t)(D / G) * 4 : 0;
@@ -618,6 +664,10 @@ static void walk_export(const kivi_cache *c, int64_t L, seq_images *im, unsigned
   } while (0)
   for (int h = 0; h < H; ++h) {
     unsigned char *sub = im->blocks + (size_t)h * l->sub_bytes;
+    if (Ls) {
+      MOVE(im->ksink + (size_t)h * c->ns * D, (size_t)Ls * D * 2);
+      MOVE(im->vsink + (size_t)h * c->ns * D, (size_t)Ls * D * 2);
+    }
     for (int64_t b = 0; b < Lk / R; ++b) MOVE(sub + (size_t)b * l->block_bytes + l->kcode_off, kcode_blk);
     for (int64_t b = 0; b < Lk / R; ++b) MOVE(sub + (size_t)b * l->block_bytes + l->ksz_off, ksz_blk);
     for (int64_t p = 0; p < Lv; p += R) {
@@ -634,18 +684,22 @@ static void walk_export(const kivi_cache *c, int64_t L, seq_images *im, unsigned
 #undef MOVE
 }
 
-static int images_alloc(const kivi_cache *c, int64_t L, seq_images *im) {
-  const size_t ring = (size_t)c->lay.H * c->lay.R * c->lay.D;
-  im->blocks = malloc((size_t)(L / c->lay.R + 1) * c->lay.block_bytes);
+static int images_alloc(const kivi_cache *c, int64_t L0, seq_images *im) {
+  const size_t ring = (size_t)c->lay.H * c->lay.R * c->lay.D, sink = (size_t)c->lay.H * c->ns * c->lay.D;
+  im->blocks = malloc((size_t)(kivi_qlen(c, L0) / c->lay.R + 1) * c->lay.block_bytes);
   im->kring = calloc(ring, 2);
   im->vring = calloc(ring, 2);
-  return im->blocks && im->kring && im->vring ? 0 : -1;
+  im->ksink = sink ? calloc(sink, 2) : NULL;
+  im->vsink = sink ? calloc(sink, 2) : NULL;
+  return im->blocks && im->kring && im->vring && (!sink || (im->ksink && im->vsink)) ? 0 : -1;
 }
 
 static void images_free(seq_images *im) {
   free(im->blocks);
   free(im->kring);
   free(im->vring);
+  free(im->ksink);
+  free(im->vsink);
 }
 
 kivi_status kivi_cache_export_seq(const kivi_cache *c, int seq, int layer, void *buf, size_t *bytes) {
@@ -671,8 +725,11 @@ kivi_status kivi_cache_export_seq(const kivi_cache *c, int seq, int layer, void 
   }
   const int32_t *row = kivi_bt_row(c, seq, layer);
   const size_t ring = (((size_t)seq * c->cfg.n_layers + layer) * l->H) * (size_t)l->R * l->D;
+  const size_t sink = (size_t)l->H * c->ns * l->D * 2;
   int err = 0;
-  for (int64_t b = 0; b < L / l->R && !err; ++b)
+  if (sink) err = kivi_dev_get(c->ctx, im.ksink, c->ksink + kivi_sink_at(c, seq, layer, 0), sink) ||
+                  kivi_dev_get(c->ctx, im.vsink, c->vsink + kivi_sink_at(c, seq, layer, 0), sink);
+  for (int64_t b = 0; b < kivi_qlen(c, L) / l->R && !err; ++b)
     err = kivi_dev_get(c->ctx, im.blocks + (size_t)b * l->block_bytes, c->pool + (size_t)row[b] * l->block_bytes,
                        l->block_bytes);
   if (!err) err = kivi_dev_get(c->ctx, im.kring, c->kres + ring, (size_t)l->H * l->R * l->D * 2);
@@ -696,7 +753,8 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
     images_free(&im);
     return KIVI_ERR_NOMEM;
   }
-  memset(im.blocks, 0, (size_t)(L / R + 1) * l->block_bytes);
+  const int64_t Lq = kivi_qlen(c, L); /* the quantized stream */
+  memset(im.blocks, 0, (size_t)(Lq / R + 1) * l->block_bytes);
   walk_export(c, L, &im, (unsigned char *)blob, 0);
   /* exponent bounds of the sequence's V scales and zeros: [H][2], replacing its old ones */
   int32_t *vexp_new = malloc((size_t)H * 2 * sizeof(int32_t));
@@ -704,7 +762,7 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
     images_free(&im);
     return KIVI_ERR_NOMEM;
   }
-  const int64_t Lv = L > R ? L - R : 0;
+  const int64_t Lv = Lq > R ? Lq - R : 0;
   for (int h = 0; h < H; ++h) {
     vexp_new[2 * h] = vexp_new[2 * h + 1] = -14;
     for (int64_t p = 0; p < Lv && l->vb < 16; ++p) {
@@ -720,7 +778,7 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   const kivi_context *ctx = c->ctx;
   /* return the sequence's blocks, take new ones */
   int32_t *row = kivi_bt_row(c, seq, layer);
-  const int64_t nb_old = kivi_len(c, seq, layer) / R, nb = L / R;
+  const int64_t nb_old = kivi_qlen(c, kivi_len(c, seq, layer)) / R, nb = Lq / R;
   for (int64_t b = 0; b < nb_old; ++b) {
     c->free_list[c->n_free++] = row[b];
     row[b] = -1;
@@ -736,6 +794,9 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   if (!err) err = kivi_dev_put(ctx, c->kres + ring, im.kring, (size_t)H * R * D * 2);
   if (!err) err = kivi_dev_put(ctx, c->vres + ring, im.vring, (size_t)H * R * D * 2);
   if (!err) err = kivi_dev_put(ctx, c->vexp + KIVI_VEXP_AT(seq, layer, NL, H), vexp_new, (size_t)H * 2 * 4);
+  const size_t sink = (size_t)H * c->ns * D * 2;
+  if (!err && sink) err = kivi_dev_put(ctx, c->ksink + kivi_sink_at(c, seq, layer, 0), im.ksink, sink) ||
+                          kivi_dev_put(ctx, c->vsink + kivi_sink_at(c, seq, layer, 0), im.vsink, sink);
   images_free(&im);
   free(vexp_new);
   if (err) {

@@ -17,6 +17,7 @@
 #define CKPT_MAGIC "KIVICKPT"
 #define CKPT_VERSION 1u     /* caches without rotation: byte 56 on is 0 */
 #define CKPT_VERSION_ROT 2u /* rotated caches: u32 kivi_cache_config.rotate at 56 (older loaders refuse it) */
+#define CKPT_VERSION_SINK 3u /* caches with sink tokens: rotate at 56, u32 kivi_cache_config.sinks at 60 */
 #define CKPT_HEADER 64u
 
 static void put32(unsigned char *p, uint32_t v) {
@@ -86,7 +87,7 @@ kivi_status kivi_cache_save(const kivi_cache *c, int seq_id, void *buf, size_t *
   unsigned char *o = buf;
   memset(o, 0, CKPT_HEADER);
   memcpy(o, CKPT_MAGIC, 8);
-  put32(o + 8, c->cfg.rotate ? CKPT_VERSION_ROT : CKPT_VERSION);
+  put32(o + 8, c->cfg.sinks ? CKPT_VERSION_SINK : c->cfg.rotate ? CKPT_VERSION_ROT : CKPT_VERSION);
   put32(o + 12, CKPT_HEADER);
   uint32_t g[7];
   geometry(&c->cfg, g);
@@ -94,6 +95,7 @@ kivi_status kivi_cache_save(const kivi_cache *c, int seq_id, void *buf, size_t *
   put32(o + 44, nrec);
   put64(o + 48, need - CKPT_HEADER - 4);
   put32(o + 56, (uint32_t)c->cfg.rotate);
+  put32(o + 60, (uint32_t)c->cfg.sinks);
   unsigned char *p = o + CKPT_HEADER;
   const int NL = c->cfg.n_layers;
   for (int q = q0; q < q1; ++q) {
@@ -130,9 +132,11 @@ kivi_status kivi_cache_load(kivi_cache *c, int seq_id, const void *buf, size_t b
   const unsigned char *in = buf;
   /* envelope: size, magic, version, payload size, CRC */
   if (bytes < CKPT_HEADER + 4 || memcmp(in, CKPT_MAGIC, 8) != 0) return KIVI_ERR_FORMAT;
-  const uint32_t ver = get32(in + 8), rot = get32(in + 56);
-  if ((ver != CKPT_VERSION && ver != CKPT_VERSION_ROT) || get32(in + 12) != CKPT_HEADER) return KIVI_ERR_FORMAT;
-  if (ver == CKPT_VERSION ? rot != 0 || get32(in + 60) != 0 : rot < KIVI_ROTATE_K || rot > KIVI_ROTATE_KV)
+  const uint32_t ver = get32(in + 8), rot = get32(in + 56), sinks = get32(in + 60);
+  if (ver < CKPT_VERSION || ver > CKPT_VERSION_SINK || get32(in + 12) != CKPT_HEADER) return KIVI_ERR_FORMAT;
+  if (ver == CKPT_VERSION ? rot != 0 || sinks != 0
+      : ver == CKPT_VERSION_ROT ? rot < KIVI_ROTATE_K || rot > KIVI_ROTATE_KV || sinks != 0
+                                : rot > KIVI_ROTATE_KV || sinks < 1 || sinks > KIVI_MAX_SINKS)
     return KIVI_ERR_FORMAT;
   if (get64(in + 48) != (uint64_t)(bytes - CKPT_HEADER - 4)) return KIVI_ERR_FORMAT;
   if (crc_of(in, bytes - 4) != get32(in + bytes - 4)) return KIVI_ERR_FORMAT;
@@ -140,7 +144,7 @@ kivi_status kivi_cache_load(kivi_cache *c, int seq_id, const void *buf, size_t b
   geometry(&c->cfg, g);
   for (int i = 0; i < 7; ++i)
     if (get32(in + 16 + 4 * i) != g[i]) return KIVI_ERR_MISMATCH;
-  if (rot != (uint32_t)c->cfg.rotate) return KIVI_ERR_MISMATCH;
+  if (rot != (uint32_t)c->cfg.rotate || sinks != (uint32_t)c->cfg.sinks) return KIVI_ERR_MISMATCH;
   const uint32_t nrec = get32(in + 44);
   const int NL = c->cfg.n_layers, R = c->cfg.residual;
   if (seq_id != KIVI_ALL_SEQS && nrec != 1) return KIVI_ERR_ARG; /* a one-sequence load needs one record */
@@ -168,7 +172,7 @@ kivi_status kivi_cache_load(kivi_cache *c, int seq_id, const void *buf, size_t b
       else if (n != kivi_export_size(c, (int64_t)L) || n > (uint64_t)(end - b)) st = KIVI_ERR_FORMAT;
       else {
         b += n;
-        need_blocks += (int64_t)L / R;
+        need_blocks += kivi_qlen(c, (int64_t)L) / R;
       }
     }
     p = b;
@@ -179,7 +183,7 @@ kivi_status kivi_cache_load(kivi_cache *c, int seq_id, const void *buf, size_t b
   if (!st) {
     if (seq_id == KIVI_ALL_SEQS) avail = c->n_blocks;
     else
-      for (int l = 0; l < NL; ++l) avail += kivi_len(c, seq_id, l) / R;
+      for (int l = 0; l < NL; ++l) avail += kivi_qlen(c, kivi_len(c, seq_id, l)) / R;
     if (need_blocks > avail) st = KIVI_ERR_CAPACITY;
   }
   /* everything checked: replace */

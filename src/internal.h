@@ -99,6 +99,9 @@ struct kivi_cache {
   int32_t *bt;          /* device: [seq][layer][max_blocks] block ids */
   int32_t *bt_host;     /* host mirror of bt */
   int32_t *len;         /* host: [seq][layer] lengths */
+  int ns;               /* sink tokens per sequence (cfg.sinks; 0 for 16-bit keys and values) */
+  uint16_t *ksink;      /* device: [seq][layer][H][ns][D] fp16, tokens 0 .. ns-1 (NULL when ns = 0) */
+  uint16_t *vsink;
   int32_t *vexp;        /* device: [seq][layer][H][2] e with 2^e > every |V scale|, |V zero| of the
                            sequence's quantized values (-14 when it has none; KIVI_VEXP_AT) */
   unsigned last_kernels; /* KIVI_KERNEL_* bits of the last attention call */
@@ -206,6 +209,13 @@ static inline int kivi_log2up(int x) {
 static inline int32_t kivi_len(const kivi_cache *c, int seq, int layer) {
   return c->len[(size_t)seq * c->cfg.n_layers + layer];
 }
+/* Of a sequence of length L: the tokens of its quantized stream (after the ns sink tokens),
+ * whose positions minus ns the pool, the rings and every kernel of the stream see. */
+static inline int64_t kivi_qlen(const kivi_cache *c, int64_t L) { return L > c->ns ? L - c->ns : 0; }
+/* The sink area of (seq, layer, kv-head h): ns rows of head_dim fp16 */
+static inline size_t kivi_sink_at(const kivi_cache *c, int seq, int layer, int h) {
+  return (((size_t)seq * c->cfg.n_layers + layer) * c->cfg.n_kv_heads + h) * (size_t)c->ns * c->cfg.head_dim;
+}
 
 /* GPU f16x2 fast path (attention_gpu.c): tokens [0, Lf) of a row, Lf a multiple of the grain,
  * in splits of up to KIVI_FAST_SPLIT tokens (shorter when there are few rows and heads); in a
@@ -290,6 +300,14 @@ void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles
                          const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
                          float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,
                          int lane);
+
+/* GPU kernel of the sink tokens' partials (attention_gpu.c, attention_sink_gpu.inc): a warp per
+ * (row, query head) over the row's sink tokens (sd: the call's host descriptor, columns col_seq
+ * and col_ns, rows int64 each), into slot nslots - 1 of part_o / part_ml.  0, or -1 where it
+ * launched nothing (builds without offload): attention.c's portable region runs instead. */
+int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd, int col_seq,
+                           int col_ns, const float *q, float qmul, float *part_o, float *part_ml, int64_t nslots,
+                           int async, int lane);
 
 /* Columns of a larger append's descriptor (cache.c; n_seqs int64 values each): sequence id,
  * stored length L, new tokens, first stage row, completed blocks before it (prefix), values

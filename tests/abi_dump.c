@@ -21,6 +21,7 @@ int main(void) {
   CONST(KIVI_ATTENTION_FAST); CONST(KIVI_ATTENTION_FP32); CONST(KIVI_MAX_ASYNC_LANES); CONST(KIVI_ALL_SEQS);
   CONST(KIVI_KERNEL_PORTABLE); CONST(KIVI_KERNEL_GPU_F16X2); CONST(KIVI_KERNEL_GPU_GQA); CONST(KIVI_KERNEL_GPU_F16); CONST(KIVI_KERNEL_GPU_NEW);
   CONST(KIVI_ROTATE_NONE); CONST(KIVI_ROTATE_K); CONST(KIVI_ROTATE_V); CONST(KIVI_ROTATE_KV);
+  CONST(KIVI_MAX_SINKS);
 
   SIZE(kivi_context_info);
   OFF(kivi_context_info, device); OFF(kivi_context_info, on_gpu); OFF(kivi_context_info, num_devices);
@@ -32,6 +33,7 @@ int main(void) {
   OFF(kivi_cache_config, k_bits); OFF(kivi_cache_config, v_bits); OFF(kivi_cache_config, group);
   OFF(kivi_cache_config, residual); OFF(kivi_cache_config, attention); OFF(kivi_cache_config, async_lanes);
   OFF(kivi_cache_config, rotate);
+  OFF(kivi_cache_config, sinks);
   OFF(kivi_cache_config, reserved);
 
   SIZE(kivi_cache_stats);

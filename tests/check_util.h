@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zlib.h>
+
 #include "kivi.h"
 
 static inline uint64_t tu_next(uint64_t *s) { /* splitmix64 */
@@ -60,6 +62,24 @@ static inline kivi_cache *tu_cache_lanes(kivi_context *ctx, int layers, int H, i
 static inline kivi_cache *tu_cache(kivi_context *ctx, int layers, int H, int D, int seqs, int maxlen, int kb, int vb,
                                    int G, int R) {
   return tu_cache_lanes(ctx, layers, H, D, seqs, maxlen, kb, vb, G, R, 1);
+}
+
+/* The export of (seq, layer) in a malloc'd buffer; *n receives its size. */
+static inline unsigned char *tu_export(const kivi_cache *c, int seq, int layer, size_t *n) {
+  ck_assert_int_eq(kivi_cache_export_seq(c, seq, layer, NULL, n), KIVI_OK);
+  unsigned char *b = malloc(*n ? *n : 1);
+  ck_assert_int_eq(kivi_cache_export_seq(c, seq, layer, b, n), KIVI_OK);
+  return b;
+}
+
+/* Little-endian u32 fields of a checkpoint, and its CRC-32 trailer written again after an edit
+ * of its n bytes (docs/CHECKPOINT.md). */
+static inline uint32_t tu_get32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
+static inline void tu_put32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+static inline void tu_recrc(unsigned char *b, size_t n) {
+  tu_put32(b + n - 4, (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), b, n - 4));
 }
 
 /* Snapshot of everything observable: every (seq, layer) export and length, and the stats (but

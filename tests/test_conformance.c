@@ -44,13 +44,6 @@ static kivi_cache *make_cache(kivi_context *c, const geom_case *g, int seqs, int
   return tu_cache(c, 2, g->H, g->D, seqs, maxlen, g->kb, g->vb, g->G, g->R);
 }
 
-static unsigned char *export_of(const kivi_cache *c, int seq, int layer, size_t *n) {
-  ck_assert_int_eq(kivi_cache_export_seq(c, seq, layer, NULL, n), KIVI_OK);
-  unsigned char *b = malloc(*n ? *n : 1);
-  ck_assert_int_eq(kivi_cache_export_seq(c, seq, layer, b, n), KIVI_OK);
-  return b;
-}
-
 static void expect_bytes(const unsigned char *got, size_t got_n, const unsigned char *want, size_t want_n,
                          const char *what) {
   ck_assert_msg(got_n == want_n, "%s: export size %zu, reference %zu", what, got_n, want_n);
@@ -61,7 +54,7 @@ static void expect_bytes(const unsigned char *got, size_t got_n, const unsigned 
 /* Sequence s on layer 1 of c exports the reference bytes want. */
 static void expect_seq(const kivi_cache *c, int s, const unsigned char *want, size_t want_n, const char *what) {
   size_t n;
-  unsigned char *got = export_of(c, s, 1, &n);
+  unsigned char *got = tu_export(c, s, 1, &n);
   expect_bytes(got, n, want, want_n, what);
   free(got);
 }
@@ -131,7 +124,7 @@ START_TEST(matches_reference_any_split) {
   enum { NSEQ = 8 };
   float *k[NSEQ], *v[NSEQ];
   for (int s = 0; s < NSEQ; ++s) make_tokens(g, len[s], 100 + 17 * (uint64_t)s + (uint64_t)_i, &k[s], &v[s]);
-  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb};
+  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb, 0};
   unsigned char *want[NSEQ];
   size_t want_n[NSEQ];
   for (int s = 0; s < NSEQ; ++s) want[s] = ref_export(&rg, len[s], k[s], v[s], &want_n[s]);
@@ -164,7 +157,7 @@ START_TEST(many_sequences_match_reference) {
   float *k[NSEQ], *v[NSEQ];
   unsigned char *want[NSEQ];
   size_t want_n[NSEQ];
-  const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb};
+  const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb, 0};
   for (int s = 0; s < NSEQ; ++s) {
     len[s] = 1 + (s * 37) % 110;
     make_tokens(&g, len[s], 500 + (uint64_t)s, &k[s], &v[s]);
@@ -196,7 +189,7 @@ START_TEST(chunk_invariance_random_splits) {
     kivi_cache *c = make_cache(ctx, &g, 1, 2048);
     fill(c, &g, 1, &L, &k, &v, 2, 1000 + (uint64_t)round);
     size_t n;
-    unsigned char *got = export_of(c, 0, 1, &n);
+    unsigned char *got = tu_export(c, 0, 1, &n);
     if (!first) {
       first = got;
       first_n = n;
@@ -226,7 +219,7 @@ START_TEST(gpu_equals_host) {
   fill(cg, &g, 1, &L, &k, &v, 2, 5);
   fill(ch, &g, 1, &L, &k, &v, 0, 5);
   size_t ng, nh;
-  unsigned char *bg = export_of(cg, 0, 1, &ng), *bh = export_of(ch, 0, 1, &nh);
+  unsigned char *bg = tu_export(cg, 0, 1, &ng), *bh = tu_export(ch, 0, 1, &nh);
   expect_bytes(bg, ng, bh, nh, "GPU vs host");
   free(bg);
   free(bh);
@@ -245,8 +238,8 @@ static void check_roundtrip(const geom_case *g, int L, const float *k, const flo
   const int id = 0;
   ck_assert_int_eq(kivi_cache_append(c, 1, 1, &id, &L, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
   size_t n;
-  unsigned char *e = export_of(c, 0, 1, &n);
-  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb};
+  unsigned char *e = tu_export(c, 0, 1, &n);
+  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb, 0};
   const size_t ne = (size_t)L * g->H * g->D;
   double *kd = malloc(ne * sizeof(double)), *vd = malloc(ne * sizeof(double));
   ref_dequant_export(&rg, L, e, kd, vd);
@@ -305,9 +298,9 @@ START_TEST(roundtrip_structured_inputs) {
       const int id = 0;
       ck_assert_int_eq(kivi_cache_append(c, 1, 1, &id, &L, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
       size_t n;
-      unsigned char *e = export_of(c, 0, 1, &n);
+      unsigned char *e = tu_export(c, 0, 1, &n);
       double *kd = malloc(ne * sizeof(double)), *vd = malloc(ne * sizeof(double));
-      const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb};
+      const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb, 0};
       ref_dequant_export(&rg, L, e, kd, vd);
       for (size_t i = 0; i < ne; ++i) {
         ck_assert(kd[i] == 0.75);

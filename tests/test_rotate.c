@@ -10,8 +10,6 @@
  *  - enqueued calls give the synchronous results bit for bit;
  *  - checkpoints record the rotation (version 2) and load only into a cache with the same one;
  *  - a rotated vector beyond fp16 fails the append with KIVI_ERR_NONFINITE and changes nothing. */
-#include <zlib.h>
-
 #include "check_util.h"
 #include "ref/kivi_ref.h"
 
@@ -45,22 +43,15 @@ static kivi_cache *make(int H, int D, int kb, int vb, int rot, int mode, int seq
   return c;
 }
 
-static unsigned char *export_of(const kivi_cache *c, int seq, int layer, size_t *n) {
-  ck_assert_int_eq(kivi_cache_export_seq(c, seq, layer, NULL, n), KIVI_OK);
-  unsigned char *b = malloc(*n);
-  ck_assert_int_eq(kivi_cache_export_seq(c, seq, layer, b, n), KIVI_OK);
-  return b;
-}
-
 /* The export of (seq, layer) equals the reference's of the tokens k, v ([L][H][D]) rotated as
  * `rot` says. */
 static void check_export(const kivi_cache *c, int seq, int layer, int L, const float *k, const float *v, int H,
                          int D, int kb, int vb, int rot) {
   float *rk = rotated_copy(k, (size_t)L * H, D, rot & KIVI_ROTATE_K);
   float *rv = rotated_copy(v, (size_t)L * H, D, rot & KIVI_ROTATE_V);
-  const ref_geom g = {D, H, 32, 128, kb, vb};
+  const ref_geom g = {D, H, 32, 128, kb, vb, 0};
   size_t ne = 0, nr = 0;
-  unsigned char *e = export_of(c, seq, layer, &ne), *r = ref_export(&g, L, rk, rv, &nr);
+  unsigned char *e = tu_export(c, seq, layer, &ne), *r = ref_export(&g, L, rk, rv, &nr);
   ck_assert_uint_eq(ne, nr);
   ck_assert_msg(memcmp(e, r, ne) == 0, "export of a rotated cache (rot %d, %d/%d bits, D %d, L %d) differs", rot, kb,
                 vb, D, L);
@@ -196,9 +187,9 @@ static double max_err_decode(kivi_cache *c, int H, int HQ, int D, int L, int rot
   }
   kivi_cache_config cfg;
   ck_assert_int_eq(kivi_cache_get_config(c, &cfg), KIVI_OK);
-  const ref_geom g = {D, H, cfg.group, cfg.residual, cfg.k_bits, cfg.v_bits};
+  const ref_geom g = {D, H, cfg.group, cfg.residual, cfg.k_bits, cfg.v_bits, 0};
   size_t ne = 0;
-  unsigned char *e = export_of(c, seq, 1, &ne);
+  unsigned char *e = tu_export(c, seq, 1, &ne);
   double *kd = malloc((size_t)L * H * D * sizeof *kd), *vd = malloc((size_t)L * H * D * sizeof *vd);
   ref_dequant_export(&g, L, e, kd, vd);
   double *qd = malloc(nq * sizeof *qd), *ref = malloc(nq * sizeof *ref);
@@ -286,9 +277,9 @@ START_TEST(extend_matches_reference) {
     const float scale = 0.125f;
     ck_assert_int_eq(kivi_attention_extend(c, 1, 1, &seq, &ql, HQ, q, kn, vn, scale, out, lse, KIVI_MEM_HOST),
                      KIVI_OK);
-    const ref_geom g = {D, H, 32, 128, 2, 2};
+    const ref_geom g = {D, H, 32, 128, 2, 2, 0};
     size_t ne = 0;
-    unsigned char *e = export_of(c, seq, 1, &ne);
+    unsigned char *e = tu_export(c, seq, 1, &ne);
     const int T = L + NNEW;
     double *kd = malloc((size_t)T * H * D * sizeof *kd), *vd = malloc((size_t)T * H * D * sizeof *vd);
     ref_dequant_export(&g, L, e, kd, vd);
@@ -356,7 +347,7 @@ START_TEST(async_equals_sync) {
   ck_assert_int_eq(memcmp(oa, ob, sizeof oa), 0);
   ck_assert_int_eq(memcmp(oa, oc, sizeof oa), 0);
   size_t na, nb;
-  unsigned char *ea = export_of(a, seq, 1, &na), *eb = export_of(b, seq, 1, &nb);
+  unsigned char *ea = tu_export(a, seq, 1, &na), *eb = tu_export(b, seq, 1, &nb);
   ck_assert_uint_eq(na, nb);
   ck_assert_int_eq(memcmp(ea, eb, na), 0);
   kivi_context_free(ctx, kd); kivi_context_free(ctx, vd); kivi_context_free(ctx, dq); kivi_context_free(ctx, dout);
@@ -365,12 +356,6 @@ START_TEST(async_equals_sync) {
   kivi_cache_destroy(b);
 }
 END_TEST
-
-static uint32_t get32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
-static void put32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = (unsigned char)(v >> (8 * i));
-}
-static void recrc(unsigned char *b, size_t n) { put32(b + n - 4, (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), b, n - 4)); }
 
 START_TEST(checkpoint_records_rotation) {
   kivi_cache *a = make(2, 64, 2, 2, KIVI_ROTATE_V, KIVI_ATTENTION_FP32, 1, 512),
@@ -384,11 +369,11 @@ START_TEST(checkpoint_records_rotation) {
   ck_assert_int_eq(kivi_cache_save(a, KIVI_ALL_SEQS, NULL, &n), KIVI_OK);
   unsigned char *ck = malloc(n);
   ck_assert_int_eq(kivi_cache_save(a, KIVI_ALL_SEQS, ck, &n), KIVI_OK);
-  ck_assert_uint_eq(get32(ck + 8), 2);
-  ck_assert_uint_eq(get32(ck + 56), KIVI_ROTATE_V);
+  ck_assert_uint_eq(tu_get32(ck + 8), 2);
+  ck_assert_uint_eq(tu_get32(ck + 56), KIVI_ROTATE_V);
   ck_assert_int_eq(kivi_cache_load(b, KIVI_ALL_SEQS, ck, n), KIVI_OK);
   size_t na, nb;
-  unsigned char *ea = export_of(a, 0, 1, &na), *eb = export_of(b, 0, 1, &nb);
+  unsigned char *ea = tu_export(a, 0, 1, &na), *eb = tu_export(b, 0, 1, &nb);
   ck_assert_uint_eq(na, nb);
   ck_assert_int_eq(memcmp(ea, eb, na), 0);
   /* another rotation, or none: a mismatch, the caches untouched */
@@ -399,17 +384,17 @@ START_TEST(checkpoint_records_rotation) {
   ck_assert_int_eq(kivi_cache_save(plain, KIVI_ALL_SEQS, NULL, &np), KIVI_OK);
   unsigned char *cp = malloc(np);
   ck_assert_int_eq(kivi_cache_save(plain, KIVI_ALL_SEQS, cp, &np), KIVI_OK);
-  ck_assert_uint_eq(get32(cp + 8), 1);
+  ck_assert_uint_eq(tu_get32(cp + 8), 1);
   ck_assert_int_eq(kivi_cache_load(other, KIVI_ALL_SEQS, cp, np), KIVI_ERR_MISMATCH);
   snapshot sp2 = snap(plain), so2 = snap(other);
   same(&sp, &sp2);
   same(&so, &so2);
   /* a version field that disagrees with the rotation field: a bad checkpoint */
-  put32(ck + 56, 0);
-  recrc(ck, n);
+  tu_put32(ck + 56, 0);
+  tu_recrc(ck, n);
   ck_assert_int_eq(kivi_cache_load(b, KIVI_ALL_SEQS, ck, n), KIVI_ERR_FORMAT);
-  put32(cp + 56, KIVI_ROTATE_V);
-  recrc(cp, np);
+  tu_put32(cp + 56, KIVI_ROTATE_V);
+  tu_recrc(cp, np);
   ck_assert_int_eq(kivi_cache_load(b, KIVI_ALL_SEQS, cp, np), KIVI_ERR_FORMAT);
   free(sp.bytes); free(so.bytes); free(sp2.bytes); free(so2.bytes);
   free(ck); free(cp); free(ea); free(eb);

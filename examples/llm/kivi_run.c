@@ -77,8 +77,9 @@ static const char usage_text[] =
         "                     with --edge-k-bits B (4) and --edge-v-bits B (the others' V bits)\n"
         "  --fake-quant       quantize every K/V vector before use, no fp16 window (paper baseline);\n"
         "                     --k-axis channel|token (channel) --v-axis token|channel (token);\n"
-        "                     --sink N: the first N tokens unquantized; --pre-rope: keys quantized\n"
-        "                     before the rotary embedding\n"
+        "                     --pre-rope: keys quantized before the rotary embedding\n"
+        "  --sink N           the first N tokens of each sequence kept in fp16, never quantized (the\n"
+        "                     cache's kivi_cache_config.sinks; simulated with --fake-quant)\n"
         "  --rotate v|k|kv    an orthonormal Hadamard transform of each V and/or K head vector before\n"
         "                     it is cached (q rotated alike, outputs rotated back; head_dim 2^n)\n"
         "  --rotate-by cache|model   who rotates: the cache (kivi_cache_config.rotate; the default)\n"
@@ -348,7 +349,9 @@ static int runner_start(runner *r, int max_len) {
   if (by_cache)
     r->cfg.rotate = (r->o.rotate & LLM_ROTATE_K ? KIVI_ROTATE_K : 0) | (r->o.rotate & LLM_ROTATE_V ? KIVI_ROTATE_V : 0);
   const int model_rotate = by_cache ? 0 : r->o.rotate;
+  if (!r->o.fake) r->cfg.sinks = r->o.sink; /* the cache's sink tokens (simulated with --fake-quant) */
   if (create_cache(r->ctx, &r->cfg, &r->cache, r->setting)) return -1;
+  if (r->cfg.sinks) setting_add(r, ", %d sink tokens", r->cfg.sinks);
   if (r->o.edge_layers > 0) { /* the first and last layers in a cache of their own widths */
     if (2 * r->o.edge_layers >= m->n_layers || r->o.fake) {
       fprintf(stderr, "kivi-run: --edge-layers must be below half the %d layers (and without --fake-quant)\n", m->n_layers);
@@ -362,8 +365,8 @@ static int runner_start(runner *r, int max_len) {
     setting_add(r, ", layers 0-%d and %d-%d K%d V%d", r->o.edge_layers - 1, m->n_layers - r->o.edge_layers,
                 m->n_layers - 1, e.k_bits, e.v_bits);
   }
-  if ((r->o.sink || r->o.pre_rope) && !r->o.fake) {
-    fprintf(stderr, "kivi-run: --sink and --pre-rope are simulated: they need --fake-quant\n");
+  if (r->o.pre_rope && !r->o.fake) {
+    fprintf(stderr, "kivi-run: --pre-rope is simulated: it needs --fake-quant\n");
     return -1;
   }
   llm_fake_quant fq = {r->o.fake, r->kbits, r->vbits, r->cfg.group, r->o.k_per_token, r->o.v_per_channel, r->o.sink,

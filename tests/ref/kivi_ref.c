@@ -61,15 +61,28 @@ static unsigned char *put_h(unsigned char *o, uint16_t h) {
   return o + 2;
 }
 
-unsigned char *ref_export(const ref_geom *g, int L, const float *k, const float *v, size_t *bytes) {
+/* The sink tokens of a sequence of L tokens: min(L, S), none where keys and values are 16-bit */
+static int sinks_in(const ref_geom *g, int L) {
+  const int S = g->kb == 16 && g->vb == 16 ? 0 : g->S;
+  return L < S ? L : S;
+}
+
+unsigned char *ref_export(const ref_geom *g, int L0, const float *k0, const float *v0, size_t *bytes) {
   const int D = g->D, H = g->H, G = g->G, R = g->R;
+  /* tokens 0 .. Ls-1 are the sinks (fp16); the rest, L of them, the quantized stream */
+  const int Ls = sinks_in(g, L0), L = L0 - Ls;
+  const float *k = k0 + (size_t)Ls * H * D, *v = v0 + (size_t)Ls * H * D;
   const int Lk = L - L % R, Lv = L > R ? L - R : 0;
-  const size_t cap = (size_t)H * ((size_t)2 * L * D * 2 + (size_t)2 * L * D * 4 + 64);
+  const size_t cap = (size_t)H * ((size_t)2 * L0 * D * 2 + (size_t)2 * L0 * D * 4 + 64);
   unsigned char *buf = calloc(1, cap), *o = buf;
   float *x = malloc(sizeof(float) * (size_t)(L > 0 ? L : 1) * D * 2);
   unsigned *codes = malloc(sizeof(unsigned) * (size_t)(L > 0 ? L : 1) * D);
   uint16_t *ks = malloc(2 * (size_t)(Lk / G + 1) * D), *kz = malloc(2 * (size_t)(Lk / G + 1) * D);
   for (int h = 0; h < H; ++h) {
+    for (int t = 0; t < Ls; ++t)
+      for (int c = 0; c < D; ++c) o = put_h(o, ref_f16(k0[((size_t)t * H + h) * D + c]));
+    for (int t = 0; t < Ls; ++t)
+      for (int c = 0; c < D; ++c) o = put_h(o, ref_f16(v0[((size_t)t * H + h) * D + c]));
     /* K: fp16-rounded keys of this head, [t][c] */
     for (int t = 0; t < L; ++t)
       for (int c = 0; c < D; ++c) x[(size_t)t * D + c] = ref_round_f16(k[((size_t)t * H + h) * D + c]);
@@ -128,11 +141,19 @@ static unsigned code_at(const unsigned char *row, int c, int bits) {
   return (get32(row + 4 * (c / cpw)) >> (bits * (c % cpw))) & ((1u << bits) - 1u);
 }
 
-void ref_dequant_export(const ref_geom *g, int L, const unsigned char *e, double *kd, double *vd) {
+void ref_dequant_export(const ref_geom *g, int L0, const unsigned char *e, double *kd0, double *vd0) {
   const int D = g->D, H = g->H, G = g->G, R = g->R;
+  const int Ls = sinks_in(g, L0), L = L0 - Ls;
+  double *kd = kd0 + (size_t)Ls * H * D, *vd = vd0 + (size_t)Ls * H * D;
   const int Lk = L - L % R, Lv = L > R ? L - R : 0;
   const size_t krow = (size_t)D * g->kb / 8, vrow = (size_t)D * g->vb / 8;
   for (int h = 0; h < H; ++h) {
+    for (int t = 0; t < Ls; ++t)
+      for (int c = 0; c < D; ++c) {
+        kd0[((size_t)t * H + h) * D + c] = get_h(e + ((size_t)t * D + c) * 2);
+        vd0[((size_t)t * H + h) * D + c] = get_h(e + ((size_t)(Ls + t) * D + c) * 2);
+      }
+    e += (size_t)2 * Ls * D * 2;
     const unsigned char *kc = e, *ksz = kc + (size_t)Lk * krow;
     const unsigned char *vc = ksz + (g->kb < 16 ? (size_t)(Lk / G) * 2 * D * 2 : 0);
     const unsigned char *vsz = vc + (size_t)Lv * vrow;

@@ -16,13 +16,16 @@ unsigned ref_quant_code(float x, float s, float z, int bits);
 
 typedef struct ref_geom {
   int D, H, G, R, kb, vb;
+  int S; /* kivi_cache_config.sinks (0 where an initializer leaves it out) */
 } ref_geom;
 
 /* Expected export (kivi_cache_export_seq) of one sequence on one layer whose tokens are
- * k, v: [L][H][D] fp32.  Returns a malloc'd buffer and its size. */
+ * k, v: [L][H][D] fp32.  Returns a malloc'd buffer and its size.  With S sink tokens (and not
+ * 16-bit keys and values) each kv-head's part starts with the first min(L, S) tokens in fp16,
+ * keys then values, and the rest is the export of the other tokens as a sequence of their own. */
 unsigned char *ref_export(const ref_geom *g, int L, const float *k, const float *v, size_t *bytes);
 
-/* Dequantize an export back into kd, vd: [L][H][D] double. */
+/* Dequantize an export back into kd, vd: [L][H][D] double (sink tokens first, as stored). */
 void ref_dequant_export(const ref_geom *g, int L, const unsigned char *exp, double *kd, double *vd);
 
 /* Attention of one query row over T tokens (k, v: [T][H][D] double; q: [HQ][D]):
