@@ -1,7 +1,7 @@
 #!/bin/bash
 # per-sequence V bounds: quantized decode GPU time, before (cur) and after (seq), ncu
-. .devrt/env.sh
-D=gpu/f16
+: "the LLVM 19 offload runtime on LD_LIBRARY_PATH first"
+D=BUILD
 for v in cur seq; do mkdir -p $D/$v; python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.decompress(open('$D/$v.so.xz','rb').read()))" > $D/$v/libkivi-omp.so.1; done
 export OMP_TARGET_OFFLOAD=MANDATORY
 base=$LD_LIBRARY_PATH
