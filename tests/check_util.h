@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "kivi.h"
+#include "ref/kivi_ref.h"
 
 static inline uint64_t tu_next(uint64_t *s) { /* splitmix64 */
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -80,6 +81,31 @@ static inline void tu_put32(unsigned char *p, uint32_t v) {
 }
 static inline void tu_recrc(unsigned char *b, size_t n) {
   tu_put32(b + n - 4, (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), b, n - 4));
+}
+
+/* n fp32 values x as an input of dtype dt (malloc'd): fp32 as they are, fp16 rounded to nearest
+ * even, bf16 truncated (any bf16 value will do); x receives the values the input holds. */
+static inline unsigned char *tu_input(kivi_dtype dt, float *x, size_t n) {
+  unsigned char *in = malloc(n * (dt == KIVI_F32 ? 4 : 2) + 1);
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == KIVI_F32) {
+      ((float *)in)[i] = x[i];
+      continue;
+    }
+    uint16_t h;
+    if (dt == KIVI_F16) {
+      h = ref_f16(x[i]);
+      x[i] = ref_f16_val(h);
+    } else {
+      uint32_t u;
+      memcpy(&u, &x[i], 4);
+      h = (uint16_t)(u >> 16);
+      u = (uint32_t)h << 16;
+      memcpy(&x[i], &u, 4);
+    }
+    ((uint16_t *)in)[i] = h;
+  }
+  return in;
 }
 
 /* Snapshot of everything observable: every (seq, layer) export and length, and the stats (but

@@ -96,33 +96,7 @@ static void append_case(int D, int kb, int vb, int rot, kivi_dtype dt, kivi_mem 
   float *k = tu_random(n, 100 + D + rot, 3.0f), *v = tu_random(n, 200 + D + rot, 1.0f);
   for (size_t i = 0; i < n; i += 7) k[i] *= 8.0f; /* outlier channels, what rotation spreads */
   /* the input in dtype, and the fp32 values it holds (what the cache rotates) */
-  unsigned char *kin = malloc(n * esz), *vin = malloc(n * esz);
-  for (size_t i = 0; i < n; ++i) {
-    if (dt == KIVI_F32) {
-      ((float *)kin)[i] = k[i];
-      ((float *)vin)[i] = v[i];
-      continue;
-    }
-    uint16_t hk, hv;
-    if (dt == KIVI_F16) {
-      hk = ref_f16(k[i]);
-      hv = ref_f16(v[i]);
-      k[i] = ref_f16_val(hk);
-      v[i] = ref_f16_val(hv);
-    } else { /* bf16: truncate (any bf16 value will do) */
-      uint32_t u;
-      memcpy(&u, &k[i], 4);
-      hk = (uint16_t)(u >> 16);
-      u = (uint32_t)hk << 16;
-      memcpy(&k[i], &u, 4);
-      memcpy(&u, &v[i], 4);
-      hv = (uint16_t)(u >> 16);
-      u = (uint32_t)hv << 16;
-      memcpy(&v[i], &u, 4);
-    }
-    ((uint16_t *)kin)[i] = hk;
-    ((uint16_t *)vin)[i] = hv;
-  }
+  unsigned char *kin = tu_input(dt, k, n), *vin = tu_input(dt, v, n);
   void *kd = kin, *vd = vin;
   if (mem == KIVI_MEM_DEVICE) {
     ck_assert_int_eq(kivi_context_alloc(ctx, n * esz, &kd), KIVI_OK);

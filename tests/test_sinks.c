@@ -88,33 +88,7 @@ static void append_case(int D, int kb, int vb, int rot, int S, kivi_dtype dt, ki
   const size_t n = (size_t)L * H * D, esz = dt == KIVI_F32 ? 4 : 2;
   float *k, *v;
   make_tokens(L, H, D, 300 + D + S + rot, &k, &v);
-  unsigned char *kin = malloc(n * esz), *vin = malloc(n * esz);
-  for (size_t i = 0; i < n; ++i) { /* the input in dt, and the fp32 values it holds */
-    if (dt == KIVI_F32) {
-      ((float *)kin)[i] = k[i];
-      ((float *)vin)[i] = v[i];
-      continue;
-    }
-    uint16_t hk, hv;
-    if (dt == KIVI_F16) {
-      hk = ref_f16(k[i]);
-      hv = ref_f16(v[i]);
-      k[i] = ref_f16_val(hk);
-      v[i] = ref_f16_val(hv);
-    } else { /* bf16: truncate */
-      uint32_t u;
-      memcpy(&u, &k[i], 4);
-      hk = (uint16_t)(u >> 16);
-      u = (uint32_t)hk << 16;
-      memcpy(&k[i], &u, 4);
-      memcpy(&u, &v[i], 4);
-      hv = (uint16_t)(u >> 16);
-      u = (uint32_t)hv << 16;
-      memcpy(&v[i], &u, 4);
-    }
-    ((uint16_t *)kin)[i] = hk;
-    ((uint16_t *)vin)[i] = hv;
-  }
+  unsigned char *kin = tu_input(dt, k, n), *vin = tu_input(dt, v, n); /* and k, v the values they hold */
   /* the mixed call's input: seq 2's tokens [a, a + na) then seq 3's [b, b + nb), per call */
   unsigned char *mk = malloc(2 * n * esz), *mv = malloc(2 * n * esz);
   void *kd = kin, *vd = vin, *mkd = mk, *mvd = mv;
