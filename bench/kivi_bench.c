@@ -21,7 +21,8 @@
  * (kivi_cache_set_stream; each synchronous call enqueues and waits).  --rotate: every cache with
  * kivi_cache_config.rotate (the cost of the rotation option; the reference rotates too).
  * --sinks N: every cache with N sink tokens (kivi_cache_config.sinks; the reference keeps them).
- * --v-bits B: the 2- and 4-bit rows' values at B bits (mixed widths: K4 V2 with 2).  --fp32:
+ * --v-clip: every cache with searched value ranges (kivi_cache_config.v_clip = KIVI_CLIP_MSE; the
+ * appends' cost of the option).  --v-bits B: the 2- and 4-bit rows' values at B bits (mixed widths: K4 V2 with 2).  --fp32:
  * every cache with KIVI_ATTENTION_FP32 (the portable kernel).  --sweep adds step time vs
  * context length (B = 1, 32 heads, S = 1k .. 64k; 1k .. 4k with --quick) for fp16, 2-bit and
  * 4-bit, the data of scripts/plot_bench.py.  --prompt P: the prompt's attention instead, one
@@ -43,7 +44,7 @@
 static const char bench_usage[] =
     "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
     "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts] [--stack LAYERS]\n"
-    "                  [--stream] [--rotate k|v|kv] [--sinks N] [--v-bits 2|4] [--fp32] [--prompt P] [--help]\n"
+    "                  [--stream] [--rotate k|v|kv] [--sinks N] [--v-clip] [--v-bits 2|4] [--fp32] [--prompt P] [--help]\n"
     "                  [--version]\n"
     "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
     "results against a double-precision reference, and prints one table line per shape (stdout,\n"
@@ -82,6 +83,7 @@ static kivi_context *ctx;
 static int on_gpu, reps = 20, use_stream, rotate_opt; /* rotate_opt: kivi_cache_config.rotate of every cache */
 static int v_bits_opt; /* --v-bits: the quantized caches' value width (0: the keys')  */
 static int sinks_opt;  /* --sinks: kivi_cache_config.sinks of every cache */
+static int vclip_opt;  /* --v-clip: kivi_cache_config.v_clip of every cache */
 static int attention_opt = KIVI_ATTENTION_FAST; /* --fp32: KIVI_ATTENTION_FP32 */
 
 /* Fills B sequences of S tokens (fp16 input from device memory, 4096-token chunks of random
@@ -93,6 +95,7 @@ static kivi_cache *fill(int B, int H, int D, int S, int kb, int vb, float **k0, 
   cfg.v_bits = vb;
   cfg.rotate = rotate_opt;
   cfg.sinks = sinks_opt;
+  cfg.v_clip = vclip_opt;
   cfg.attention = attention_opt;
   kivi_cache *c = NULL;
   TRY(kivi_cache_create(ctx, &cfg, &c));
@@ -178,7 +181,7 @@ static double check_seq0(const kivi_cache *c, int H, int HQ, int D, int S, int k
   TRY(kivi_cache_export_seq(c, 0, 0, NULL, &n));
   unsigned char *e = malloc(n);
   TRY(kivi_cache_export_seq(c, 0, 0, e, &n));
-  const ref_geom g = {D, H, 32, 128, kb, vb, sinks_opt};
+  const ref_geom g = {D, H, 32, 128, kb, vb, sinks_opt, vclip_opt};
   double *kd = malloc(sizeof(double) * S * H * D), *vd = malloc(sizeof(double) * S * H * D);
   double *ref = malloc(sizeof(double) * HQ * D);
   ref_dequant_export(&g, S, e, kd, vd);
@@ -354,6 +357,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--layouts")) layouts = 1;
     else if (!strcmp(argv[i], "--prompt") && i + 1 < argc && atoi(argv[i + 1]) > 0) prompt = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--fp32")) attention_opt = KIVI_ATTENTION_FP32;
+    else if (!strcmp(argv[i], "--v-clip")) vclip_opt = KIVI_CLIP_MSE;
     else if (!strcmp(argv[i], "--sinks") && i + 1 < argc && atoi(argv[i + 1]) > 0) sinks_opt = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--v-bits") && i + 1 < argc && (atoi(argv[i + 1]) == 2 || atoi(argv[i + 1]) == 4))
       v_bits_opt = atoi(argv[++i]);
@@ -466,6 +470,7 @@ int main(int argc, char **argv) {
     kivi_cache_config cfg;
     kivi_cache_config_init(&cfg, 1, AH, D, 1, AS);
     cfg.k_bits = cfg.v_bits = b;
+    cfg.v_clip = vclip_opt;
     kivi_cache *c;
     TRY(kivi_cache_create(ctx, &cfg, &c));
     const int nrep = quick ? 3 : 5, id = 0;
@@ -495,6 +500,7 @@ int main(int argc, char **argv) {
     const int B = 8, AS1 = quick ? 512 : 4096;
     kivi_cache_config cfg;
     kivi_cache_config_init(&cfg, 1, AH, D, B, AS1);
+    cfg.v_clip = vclip_opt;
     kivi_cache *c;
     TRY(kivi_cache_create(ctx, &cfg, &c));
     const size_t n1 = (size_t)B * AH * D;

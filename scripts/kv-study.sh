@@ -27,7 +27,11 @@ kivi2-sink4|--kv kivi2 --sink 4|2 2 32 128 0 4
 kivi2-sink4-rotkv|--kv kivi2 --sink 4 --rotate kv|2 2 32 128 0 4
 kivi2-sink16-rotkv|--kv kivi2 --sink 16 --rotate kv|2 2 32 128 0 16
 k4v2-sink4|--k-bits 4 --v-bits 2 --sink 4|4 2 32 128 0 4
-k4v2-sink4-rotkv|--k-bits 4 --v-bits 2 --sink 4 --rotate kv|4 2 32 128 0 4"
+k4v2-sink4-rotkv|--k-bits 4 --v-bits 2 --sink 4 --rotate kv|4 2 32 128 0 4
+kivi2-sink4-rotkv-vclip|--kv kivi2 --sink 4 --rotate kv --v-clip|2 2 32 128 0 4
+k4v2-sink4-rotkv-vclip|--k-bits 4 --v-bits 2 --sink 4 --rotate kv --v-clip|4 2 32 128 0 4
+kivi2-r64-sink4-rotkv-vclip|--kv kivi2 --residual 64 --sink 4 --rotate kv --v-clip|2 2 32 64 0 4
+k4v2-r64-sink4-rotkv|--k-bits 4 --v-bits 2 --residual 64 --sink 4 --rotate kv|4 2 32 64 0 4"
 # bits per element at L tokens (docs/FORMAT.md): the first S tokens (sinks) fp16; of the Q = L - S
 # others, K: the first Q - Q mod R quantized with an fp16 scale and zero per G tokens of a
 # channel; V: all but the last R with an fp16 scale and zero per G channels of a token; the rest

@@ -43,6 +43,7 @@
 
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
+#define KIVI_SINK_CHUNK 4 /* sink tokens whose rows the sink kernel loads together */
 #define FVU 8   /* V tokens per lane, loads first */
 #define FVR 8   /* V tokens per f16 run (16: 10-35 % slower on the H200, docs/PERF.md, round 15) */
 #define FTU 4   /* fp16 key rounds of 4 tokens per warp in flight (tail block) */

@@ -65,6 +65,8 @@ static kivi_status config_verdict(const kivi_cache_config *c, const char **why) 
   KIVI_RULE(c->rotate < KIVI_ROTATE_NONE || c->rotate > KIVI_ROTATE_KV, KIVI_ERR_ARG,
             "rotate must be KIVI_ROTATE_NONE, _K, _V or _KV");
   KIVI_RULE(c->sinks < 0 || c->sinks > KIVI_MAX_SINKS, KIVI_ERR_ARG, "sinks must be 0..256");
+  KIVI_RULE(c->v_clip != KIVI_CLIP_NONE && c->v_clip != KIVI_CLIP_MSE, KIVI_ERR_ARG,
+            "v_clip must be KIVI_CLIP_NONE or KIVI_CLIP_MSE");
   int reserved_set = 0;
   for (size_t i = 0; i < sizeof c->reserved / sizeof c->reserved[0]; ++i) reserved_set |= c->reserved[i] != 0;
   KIVI_RULE(reserved_set, KIVI_ERR_ARG, "reserved members must be zero (start from kivi_cache_config_init)");

@@ -27,11 +27,75 @@ static inline uint32_t kivi_quant_code(float x, float scale, float zero, float m
 /* The larger appends compute codes by a multiplication with 1 / scale (kivi_quant_code_mul
  * below) and take the division only within KIVI_QUANT_EPS of a rounding boundary. */
 #define KIVI_QUANT_EPS (1.0f / 2048.0f)
+#define KIVI_QUANT_NEAR (0.5f - KIVI_QUANT_EPS) /* kivi_quant_code_mul, below */
+#define KIVI_QUANT_RN 12582912.0f             /* 1.5 2^23 */
 
 /* Group statistics -> stored fp16 scale and zero. */
 static inline void kivi_group_params(float mn, float mx, int bits, uint16_t *hs, uint16_t *hz) {
   *hs = kivi_f32_to_f16((mx - mn) / (float)((1u << bits) - 1u));
   *hz = kivi_f32_to_f16(mn); /* mn is an fp16 value: exact */
+}
+
+/* ---- Searched value ranges (kivi_cache_config.v_clip = KIVI_CLIP_MSE; the rule: kivi.h) ----
+ * Every operation is one IEEE fp32 rounding whose products are exact (so a compiler that fuses
+ * a multiply and an add gets the same bits): the same choice on every compiler and device.
+ * x: the group's G values (bf: bf16, rounded to fp16 as read), mn / mx their min and max. */
+static inline float kivi_v_in(uint16_t h, int bf) { return kivi_f16_to_f32(bf ? kivi_bf16_to_f16(h) : h); }
+/* The stored scale and zero of the group: of the ranges [mn + a h, mx - a h], a = i / 16 for
+ * i = 0 .. KIVI_CLIP_STEPS, h = (mx - mn) / 2 rounded to fp16, the first whose reconstruction
+ * has the smallest sum of squared errors, each error cut to 12 significant bits (its square
+ * then exact in fp32); i = 0 is the min/max rule's own scale and zero.  One pass over the
+ * values for all candidates; each code by a multiplication with 1 / scale clamped to
+ * [0, maxq] (below the zero the division's code is 0 too), by the division within
+ * KIVI_QUANT_EPS of a rounding boundary, as kivi_quant_code_mul argues. */
+#define KIVI_CLIP_STEPS 8
+#define KIVI_CLIP_N (KIVI_CLIP_STEPS + 1)
+static inline void kivi_v_clip_params(const uint16_t *x, int G, int bits, int bf, float mn, float mx, uint16_t *hs,
+                                      uint16_t *hz) {
+  kivi_group_params(mn, mx, bits, hs, hz);
+  const float maxq = (float)((1u << bits) - 1u), h = kivi_f16_to_f32(kivi_f32_to_f16(0.5f * (mx - mn)));
+  if (!(h > 0.0f && h <= 65504.0f)) return; /* a constant group, or a range beyond fp16's */
+  uint16_t s16[KIVI_CLIP_N], z16[KIVI_CLIP_N];
+  float sc[KIVI_CLIP_N], zr[KIVI_CLIP_N], rs[KIVI_CLIP_N], err[KIVI_CLIP_N];
+  _Pragma("GCC unroll 9")
+  for (int i = 0; i < KIVI_CLIP_N; ++i) {
+    const float a = (float)i * 0.0625f, lo = mn + a * h, hi = mx - a * h;
+    s16[i] = i ? kivi_f32_to_f16((hi - lo) / maxq) : *hs;
+    z16[i] = i ? kivi_f32_to_f16(lo) : *hz;
+    sc[i] = kivi_f16_to_f32(s16[i]);
+    zr[i] = kivi_f16_to_f32(z16[i]);
+    rs[i] = sc[i] > 0.0f ? 1.0f / sc[i] : 0.0f;
+    err[i] = 0.0f;
+  }
+  for (int c = 0; c < G; ++c) {
+    const float f = kivi_v_in(x[c], bf);
+    _Pragma("GCC unroll 9")
+    for (int i = 0; i < KIVI_CLIP_N; ++i) {
+      const float r = fminf(fmaxf((f - zr[i]) * rs[i], 0.0f), maxq), t = r + KIVI_QUANT_RN;
+      uint32_t code = kivi_f32_bits(t) - 0x4b400000u;
+      if (fabsf(r - (t - KIVI_QUANT_RN)) > KIVI_QUANT_NEAR) code = kivi_quant_code(f, sc[i], zr[i], maxq);
+      const float d = ((float)code * sc[i] + zr[i]) - f;
+      const float dc = kivi_bits_f32(kivi_f32_bits(d) & 0xfffff000u);
+      err[i] += dc * dc;
+    }
+  }
+  float best = err[0];
+  for (int i = 1; i < KIVI_CLIP_N; ++i)
+    if (err[i] < best) {
+      best = err[i];
+      *hs = s16[i];
+      *hz = z16[i];
+    }
+}
+/* Codes of a group with a searched range: by the division (values may lie outside the range). */
+static inline void kivi_v_clip_codes(uint32_t *w, const uint16_t *x, int G, int bits, int bf, float s, float z) {
+  const int cpw = 32 / bits;
+  const float maxq = (float)((1u << bits) - 1u);
+  for (int i = 0; i < G / cpw; ++i) {
+    uint32_t word = 0;
+    for (int j = 0; j < cpw; ++j) word |= kivi_quant_code(kivi_v_in(x[i * cpw + j], bf), s, z, maxq) << (bits * j);
+    w[i] = word;
+  }
 }
 
 /* 8 consecutive fp16 values from a 16-byte aligned address, in one load on the GPU. */
@@ -101,7 +165,8 @@ static inline __attribute__((always_inline)) void kivi_quant_k_item(unsigned cha
 /* The one-kernel append's V item: channel group cg (G channels) of one token row x, read 2
  * bytes at a time with 8 loads in flight (on the H200 16-byte loads made this append slower:
  * 17.8 -> 24.8 us).  codes points at the token's code row, sz at its {scale, zero} array. */
-static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, int G, int cg, const uint16_t *x) {
+static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, int G, int cg, const uint16_t *x,
+                                     int clip) {
   x += (size_t)cg * G;
   if (bits == 16) {
     uint32_t *w = codes + (size_t)cg * G / 2;
@@ -117,7 +182,8 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
     mx = fmaxf(mx, f);
   }
   uint16_t hs, hz;
-  kivi_group_params(mn, mx, bits, &hs, &hz);
+  if (clip) kivi_v_clip_params(x, G, bits, 0, mn, mx, &hs, &hz);
+  else kivi_group_params(mn, mx, bits, &hs, &hz);
   sz[2 * cg] = hs;
   sz[2 * cg + 1] = hz;
   const float s = kivi_f16_to_f32(hs), z = kivi_f16_to_f32(hz), maxq = (float)((1u << bits) - 1u);
@@ -186,8 +252,6 @@ static inline float kivi_f16x2_hi(uint32_t w) { return kivi_f16_to_f32((uint16_t
  * is the division's (at r >= maxq both are maxq).  *dev rises to |r - rint(r)|: where it ends
  * above KIVI_QUANT_NEAR the caller takes kivi_quant_code (rare: the items redo those values
  * after their loop, where a test per value would make the compiler compute every division). */
-#define KIVI_QUANT_NEAR (0.5f - KIVI_QUANT_EPS)
-#define KIVI_QUANT_RN 12582912.0f /* 1.5 2^23 */
 static inline uint32_t kivi_quant_code_mul(float x, float rs, float zero, float maxq, float *dev) {
   const float r = fminf((x - zero) * rs, maxq), t = r + KIVI_QUANT_RN;
   *dev = fmaxf(*dev, fabsf(r - (t - KIVI_QUANT_RN)));
@@ -334,7 +398,8 @@ static inline __attribute__((always_inline)) uint32_t kivi_k4_item(unsigned char
  * aligned; bf: bf16), stored in the token's code row codes and {scale, zero} array sz, bits
  * constant at each call. */
 static inline __attribute__((always_inline)) uint32_t kivi_v32_item(uint32_t *codes, uint16_t *sz, int bits, int G,
-                                                                  int keep, int cg, const uint16_t *x, int bf) {
+                                                                  int keep, int cg, const uint16_t *x, int bf,
+                                                                  int clip) {
   x += (size_t)cg * G;
   uint32_t bad = 0;
   float mn = INFINITY, mx = -INFINITY;
@@ -363,6 +428,12 @@ static inline __attribute__((always_inline)) uint32_t kivi_v32_item(uint32_t *co
     }
   }
   uint16_t hs, hz;
+  if (clip) { /* a searched range (rare: its own loops, reading x again) */
+    kivi_v_clip_params(x, G, bits, bf, mn, mx, &hs, &hz);
+    *(uint32_t *)(sz + 2 * cg) = (uint32_t)hs | (uint32_t)hz << 16;
+    kivi_v_clip_codes(codes + (size_t)cg * G * bits / 32, x, G, bits, bf, kivi_f16_to_f32(hs), kivi_f16_to_f32(hz));
+    return bad;
+  }
   kivi_group_params(mn, mx, bits, &hs, &hz);
   *(uint32_t *)(sz + 2 * cg) = (uint32_t)hs | (uint32_t)hz << 16;
   const float s = kivi_f16_to_f32(hs), z = kivi_f16_to_f32(hz), rs = kivi_quant_rs(s);
@@ -423,15 +494,15 @@ static inline void kivi_vexp_raise(int32_t *vexp2, const int e2[2]) {
  * stored at slot t of the kv-head's sub-block sb.  Returns the stored {scale, zero} pair
  * (the caller raises the V exponent bounds with it; unquantized values have none: NULL). */
 static inline const uint16_t *kivi_append_v_item(unsigned char *sb, const kivi_layout *lay, int cg, int t,
-                                                 const uint16_t *x) {
+                                                 const uint16_t *x, int clip) {
   const int G = lay->G;
   uint16_t *sz = kivi_vscales_at(sb, lay, t);
   uint32_t *vc = kivi_vcodes_at(sb, lay, t);
   switch (lay->vb) {
-  case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x); break;
-  case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x); break;
-  case 8: kivi_quant_v_item(vc, sz, 8, G, cg, x); break;
-  default: kivi_quant_v_item(vc, sz, 16, G, cg, x); return NULL;
+  case 2: kivi_quant_v_item(vc, sz, 2, G, cg, x, clip); break;
+  case 4: kivi_quant_v_item(vc, sz, 4, G, cg, x, clip); break;
+  case 8: kivi_quant_v_item(vc, sz, 8, G, cg, x, clip); break;
+  default: kivi_quant_v_item(vc, sz, 16, G, cg, x, 0); return NULL;
   }
   return sz + 2 * cg;
 }
@@ -467,12 +538,12 @@ static inline __attribute__((always_inline)) uint32_t kivi_append_k4(unsigned ch
  * returns the non-finite marks of the values read. */
 static inline __attribute__((always_inline)) uint32_t kivi_append_v32(unsigned char *sb, const kivi_layout *lay,
                                                                       int cg, int t, const uint16_t *x, int bf,
-                                                                      int e2[2]) {
+                                                                      int clip, int e2[2]) {
   const int G = lay->G;
   uint16_t *sz = kivi_vscales_at(sb, lay, t);
   uint32_t *vc = kivi_vcodes_at(sb, lay, t);
   uint32_t bad;
-#define KIVI_V32(b, gg, keep) kivi_v32_item(vc, sz, b, gg, keep, cg, x, bf)
+#define KIVI_V32(b, gg, keep) kivi_v32_item(vc, sz, b, gg, keep, cg, x, bf, clip)
   switch (lay->vb) {
   case 2: bad = G == KIVI_QBLK ? KIVI_V32(2, KIVI_QBLK, 1) : KIVI_V32(2, G, 0); break;
   case 4: bad = G == KIVI_QBLK ? KIVI_V32(4, KIVI_QBLK, 1) : KIVI_V32(4, G, 0); break;

@@ -22,6 +22,7 @@ int main(void) {
   CONST(KIVI_KERNEL_PORTABLE); CONST(KIVI_KERNEL_GPU_F16X2); CONST(KIVI_KERNEL_GPU_GQA); CONST(KIVI_KERNEL_GPU_F16); CONST(KIVI_KERNEL_GPU_NEW);
   CONST(KIVI_ROTATE_NONE); CONST(KIVI_ROTATE_K); CONST(KIVI_ROTATE_V); CONST(KIVI_ROTATE_KV);
   CONST(KIVI_MAX_SINKS);
+  CONST(KIVI_CLIP_NONE); CONST(KIVI_CLIP_MSE);
 
   SIZE(kivi_context_info);
   OFF(kivi_context_info, device); OFF(kivi_context_info, on_gpu); OFF(kivi_context_info, num_devices);
@@ -34,6 +35,7 @@ int main(void) {
   OFF(kivi_cache_config, residual); OFF(kivi_cache_config, attention); OFF(kivi_cache_config, async_lanes);
   OFF(kivi_cache_config, rotate);
   OFF(kivi_cache_config, sinks);
+  OFF(kivi_cache_config, v_clip);
   OFF(kivi_cache_config, reserved);
 
   SIZE(kivi_cache_stats);

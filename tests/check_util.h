@@ -108,6 +108,44 @@ static inline unsigned char *tu_input(kivi_dtype dt, float *x, size_t n) {
   return in;
 }
 
+/* The reference's export (tests/ref/kivi_ref.h) of L tokens k, v ([L][H][D] fp32) stored as a
+ * cache with kivi_cache_config.rotate = rot stores them: each head vector rotated first, in fp32
+ * (malloc'd; *bytes its size). */
+static inline unsigned char *tu_ref_export(const ref_geom *g, int rot, int L, const float *k, const float *v,
+                                           size_t *bytes) {
+  const size_t n = (size_t)L * g->H * g->D;
+  float *rk = malloc(n * 4 + 4), *rv = malloc(n * 4 + 4);
+  memcpy(rk, k, n * 4);
+  memcpy(rv, v, n * 4);
+  for (size_t i = 0; i < (size_t)L * g->H; ++i) {
+    if (rot & KIVI_ROTATE_K) ref_rotate_f32(rk + i * g->D, g->D);
+    if (rot & KIVI_ROTATE_V) ref_rotate_f32(rv + i * g->D, g->D);
+  }
+  unsigned char *e = ref_export(g, L, rk, rv, bytes);
+  free(rk);
+  free(rv);
+  return e;
+}
+
+/* Double attention of one query row q [HQ][D] (fp32) over L tokens kd, vd ([L][H][D] double, as
+ * a cache with kivi_cache_config.rotate = rot stores them): q rotated in double for rotated
+ * keys (then given to ref_attention in fp32), the output rotated back for rotated values;
+ * ref [HQ][D]. */
+static inline void tu_ref_attention_rot(int L, int H, int HQ, int D, const double *kd, const double *vd,
+                                        const float *q, int rot, double scale, double *ref) {
+  double *qd = malloc((size_t)HQ * D * sizeof *qd);
+  float *qr = malloc((size_t)HQ * D * sizeof *qr);
+  for (size_t j = 0; j < (size_t)HQ * D; ++j) qd[j] = q[j];
+  if (rot & KIVI_ROTATE_K)
+    for (int h = 0; h < HQ; ++h) ref_rotate(qd + (size_t)h * D, D);
+  for (size_t j = 0; j < (size_t)HQ * D; ++j) qr[j] = (float)qd[j];
+  ref_attention(L, H, HQ, D, kd, vd, qr, scale, ref, NULL);
+  if (rot & KIVI_ROTATE_V)
+    for (int h = 0; h < HQ; ++h) ref_rotate(ref + (size_t)h * D, D);
+  free(qd);
+  free(qr);
+}
+
 /* Snapshot of everything observable: every (seq, layer) export and length, and the stats (but
  * the counts of the stream route). */
 typedef struct snapshot {

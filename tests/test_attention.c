@@ -63,7 +63,7 @@ static void dequant_seq(const kivi_cache *c, const acase *a, int seq, int L, dou
   ck_assert_int_eq(kivi_cache_export_seq(c, seq, 0, NULL, &n), KIVI_OK);
   unsigned char *e = malloc(n ? n : 1);
   ck_assert_int_eq(kivi_cache_export_seq(c, seq, 0, e, &n), KIVI_OK);
-  const ref_geom g = {a->D, a->H, a->G, a->R, a->kb, a->vb, 0};
+  const ref_geom g = {a->D, a->H, a->G, a->R, a->kb, a->vb, 0, 0};
   const size_t ne = (size_t)(L > 0 ? L : 1) * a->H * a->D;
   *kd = malloc(ne * sizeof(double));
   *vd = malloc(ne * sizeof(double));

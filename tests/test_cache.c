@@ -198,7 +198,7 @@ START_TEST(pool_capacity_and_reset) {
   id = 2;
   n = 4 * R;
   ck_assert_int_eq(kivi_cache_append(c, 0, 1, &id, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
-  const ref_geom g = {D, H, 32, R, 2, 2, 0};
+  const ref_geom g = {D, H, 32, R, 2, 2, 0, 0};
   size_t want_n, got_n;
   unsigned char *want = ref_export(&g, n, k, v, &want_n);
   ck_assert_int_eq(kivi_cache_export_seq(c, 2, 0, NULL, &got_n), KIVI_OK);

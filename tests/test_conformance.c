@@ -124,7 +124,7 @@ START_TEST(matches_reference_any_split) {
   enum { NSEQ = 8 };
   float *k[NSEQ], *v[NSEQ];
   for (int s = 0; s < NSEQ; ++s) make_tokens(g, len[s], 100 + 17 * (uint64_t)s + (uint64_t)_i, &k[s], &v[s]);
-  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb, 0};
+  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb, 0, 0};
   unsigned char *want[NSEQ];
   size_t want_n[NSEQ];
   for (int s = 0; s < NSEQ; ++s) want[s] = ref_export(&rg, len[s], k[s], v[s], &want_n[s]);
@@ -157,7 +157,7 @@ START_TEST(many_sequences_match_reference) {
   float *k[NSEQ], *v[NSEQ];
   unsigned char *want[NSEQ];
   size_t want_n[NSEQ];
-  const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb, 0};
+  const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb, 0, 0};
   for (int s = 0; s < NSEQ; ++s) {
     len[s] = 1 + (s * 37) % 110;
     make_tokens(&g, len[s], 500 + (uint64_t)s, &k[s], &v[s]);
@@ -239,7 +239,7 @@ static void check_roundtrip(const geom_case *g, int L, const float *k, const flo
   ck_assert_int_eq(kivi_cache_append(c, 1, 1, &id, &L, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
   size_t n;
   unsigned char *e = tu_export(c, 0, 1, &n);
-  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb, 0};
+  const ref_geom rg = {g->D, g->H, g->G, g->R, g->kb, g->vb, 0, 0};
   const size_t ne = (size_t)L * g->H * g->D;
   double *kd = malloc(ne * sizeof(double)), *vd = malloc(ne * sizeof(double));
   ref_dequant_export(&rg, L, e, kd, vd);
@@ -300,7 +300,7 @@ START_TEST(roundtrip_structured_inputs) {
       size_t n;
       unsigned char *e = tu_export(c, 0, 1, &n);
       double *kd = malloc(ne * sizeof(double)), *vd = malloc(ne * sizeof(double));
-      const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb, 0};
+      const ref_geom rg = {g.D, g.H, g.G, g.R, g.kb, g.vb, 0, 0};
       ref_dequant_export(&rg, L, e, kd, vd);
       for (size_t i = 0; i < ne; ++i) {
         ck_assert(kd[i] == 0.75);

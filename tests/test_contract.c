@@ -112,12 +112,15 @@ START_TEST(config_reasons_and_reserved) {
   REASON(k_bits, 3, KIVI_ERR_UNSUPPORTED, "k_bits must be 2, 4, 8 or 16");
   REASON(head_dim, 48, KIVI_ERR_UNSUPPORTED, "head_dim must be a multiple of 32 from 32 to 256");
   REASON(attention, 7, KIVI_ERR_ARG, "attention must be KIVI_ATTENTION_FAST or KIVI_ATTENTION_FP32");
-  REASON(reserved[15], 1, KIVI_ERR_ARG, "reserved members must be zero (start from kivi_cache_config_init)");
+  REASON(reserved[14], 1, KIVI_ERR_ARG, "reserved members must be zero (start from kivi_cache_config_init)");
   REASON(reserved[0], -1, KIVI_ERR_ARG, "reserved members must be zero (start from kivi_cache_config_init)");
   REASON(rotate, 5, KIVI_ERR_ARG, "rotate must be KIVI_ROTATE_NONE, _K, _V or _KV");
   REASON(sinks, -1, KIVI_ERR_ARG, "sinks must be 0..256");
   REASON(sinks, KIVI_MAX_SINKS + 1, KIVI_ERR_ARG, "sinks must be 0..256");
   REASON(sinks, KIVI_MAX_SINKS, KIVI_OK, "");
+  REASON(v_clip, 2, KIVI_ERR_ARG, "v_clip must be KIVI_CLIP_NONE or KIVI_CLIP_MSE");
+  REASON(v_clip, -1, KIVI_ERR_ARG, "v_clip must be KIVI_CLIP_NONE or KIVI_CLIP_MSE");
+  REASON(v_clip, KIVI_CLIP_MSE, KIVI_OK, "");
 #undef REASON
   kivi_cache *c = (kivi_cache *)0x1;
   bad = cfg;

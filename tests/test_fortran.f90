@@ -38,6 +38,7 @@ program test_fortran
   call c("KIVI_KERNEL_GPU_F16", KIVI_KERNEL_GPU_F16); call c("KIVI_KERNEL_GPU_NEW", KIVI_KERNEL_GPU_NEW)
   call c("KIVI_ROTATE_NONE", KIVI_ROTATE_NONE); call c("KIVI_ROTATE_K", KIVI_ROTATE_K)
   call c("KIVI_ROTATE_V", KIVI_ROTATE_V); call c("KIVI_ROTATE_KV", KIVI_ROTATE_KV)
+  call c("KIVI_CLIP_NONE", KIVI_CLIP_NONE); call c("KIVI_CLIP_MSE", KIVI_CLIP_MSE)
   call c("KIVI_MAX_SINKS", KIVI_MAX_SINKS)
 
   call sz("kivi_context_info", c_sizeof(info))
@@ -60,6 +61,7 @@ program test_fortran
   call off("kivi_cache_config.async_lanes", c_loc(cfg), c_loc(cfg%async_lanes))
   call off("kivi_cache_config.rotate", c_loc(cfg), c_loc(cfg%rotate))
   call off("kivi_cache_config.sinks", c_loc(cfg), c_loc(cfg%sinks))
+  call off("kivi_cache_config.v_clip", c_loc(cfg), c_loc(cfg%v_clip))
   call off("kivi_cache_config.reserved", c_loc(cfg), c_loc(cfg%reserved))
   call sz("kivi_cache_stats", c_sizeof(st))
   call off("kivi_cache_stats.tokens", c_loc(st), c_loc(st%tokens))

@@ -49,7 +49,7 @@ static void check_export(const kivi_cache *c, int seq, int layer, int L, const f
                          int D, int kb, int vb, int rot) {
   float *rk = rotated_copy(k, (size_t)L * H, D, rot & KIVI_ROTATE_K);
   float *rv = rotated_copy(v, (size_t)L * H, D, rot & KIVI_ROTATE_V);
-  const ref_geom g = {D, H, 32, 128, kb, vb, 0};
+  const ref_geom g = {D, H, 32, 128, kb, vb, 0, 0};
   size_t ne = 0, nr = 0;
   unsigned char *e = tu_export(c, seq, layer, &ne), *r = ref_export(&g, L, rk, rv, &nr);
   ck_assert_uint_eq(ne, nr);
@@ -161,20 +161,13 @@ static double max_err_decode(kivi_cache *c, int H, int HQ, int D, int L, int rot
   }
   kivi_cache_config cfg;
   ck_assert_int_eq(kivi_cache_get_config(c, &cfg), KIVI_OK);
-  const ref_geom g = {D, H, cfg.group, cfg.residual, cfg.k_bits, cfg.v_bits, 0};
+  const ref_geom g = {D, H, cfg.group, cfg.residual, cfg.k_bits, cfg.v_bits, 0, 0};
   size_t ne = 0;
   unsigned char *e = tu_export(c, seq, 1, &ne);
   double *kd = malloc((size_t)L * H * D * sizeof *kd), *vd = malloc((size_t)L * H * D * sizeof *vd);
   ref_dequant_export(&g, L, e, kd, vd);
-  double *qd = malloc(nq * sizeof *qd), *ref = malloc(nq * sizeof *ref);
-  float *qr = malloc(nq * sizeof *qr);
-  for (size_t i = 0; i < nq; ++i) qd[i] = q[i];
-  if (rot & KIVI_ROTATE_K)
-    for (int h = 0; h < HQ; ++h) ref_rotate(qd + (size_t)h * D, D);
-  for (size_t i = 0; i < nq; ++i) qr[i] = (float)qd[i]; /* ref_attention takes fp32 q */
-  ref_attention(L, H, HQ, D, kd, vd, qr, scale, ref, NULL);
-  if (rot & KIVI_ROTATE_V)
-    for (int h = 0; h < HQ; ++h) ref_rotate(ref + (size_t)h * D, D);
+  double *ref = malloc(nq * sizeof *ref);
+  tu_ref_attention_rot(L, H, HQ, D, kd, vd, q, rot, scale, ref);
   double err = 0.0, mx = 0.0;
   for (size_t i = 0; i < nq; ++i) {
     const double o = odt == KIVI_F16 ? ref_f16_val(((uint16_t *)out)[i]) : ((float *)out)[i];
@@ -182,7 +175,7 @@ static double max_err_decode(kivi_cache *c, int H, int HQ, int D, int L, int rot
     mx = fmax(mx, fabs(ref[i]));
   }
   *maxref = mx;
-  free(e); free(kd); free(vd); free(qd); free(qr); free(ref); free(q); free(out);
+  free(e); free(kd); free(vd); free(ref); free(q); free(out);
   return err;
 }
 
@@ -251,7 +244,7 @@ START_TEST(extend_matches_reference) {
     const float scale = 0.125f;
     ck_assert_int_eq(kivi_attention_extend(c, 1, 1, &seq, &ql, HQ, q, kn, vn, scale, out, lse, KIVI_MEM_HOST),
                      KIVI_OK);
-    const ref_geom g = {D, H, 32, 128, 2, 2, 0};
+    const ref_geom g = {D, H, 32, 128, 2, 2, 0, 0};
     size_t ne = 0;
     unsigned char *e = tu_export(c, seq, 1, &ne);
     const int T = L + NNEW;

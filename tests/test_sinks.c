@@ -36,28 +36,11 @@ static kivi_cache *make(int H, int D, int kb, int vb, int rot, int S, int mode, 
   return c;
 }
 
-/* The expected export of L tokens k, v ([L][H][D] fp32), rotated as `rot` says, from the
- * reference (which writes the sink tokens per tests/ref/kivi_ref.h). */
-static unsigned char *expect_export(const ref_geom *g, int rot, int L, const float *k, const float *v, size_t *bytes) {
-  const size_t n = (size_t)L * g->H * g->D;
-  float *rk = malloc(n * 4 + 4), *rv = malloc(n * 4 + 4);
-  memcpy(rk, k, n * 4);
-  memcpy(rv, v, n * 4);
-  for (size_t i = 0; i < (size_t)L * g->H; ++i) {
-    if (rot & KIVI_ROTATE_K) ref_rotate_f32(rk + i * g->D, g->D);
-    if (rot & KIVI_ROTATE_V) ref_rotate_f32(rv + i * g->D, g->D);
-  }
-  unsigned char *e = ref_export(g, L, rk, rv, bytes);
-  free(rk);
-  free(rv);
-  return e;
-}
-
 static void check_export(const kivi_cache *c, int seq, int L, const float *k, const float *v, int H, int D, int kb,
                          int vb, int rot, int S, const char *what) {
-  const ref_geom g = {D, H, 32, 128, kb, vb, S};
+  const ref_geom g = {D, H, 32, 128, kb, vb, S, 0};
   size_t ne = 0, nr = 0;
-  unsigned char *e = tu_export(c, seq, 1, &ne), *r = expect_export(&g, rot, L, k, v, &nr);
+  unsigned char *e = tu_export(c, seq, 1, &ne), *r = tu_ref_export(&g, rot, L, k, v, &nr);
   ck_assert_msg(ne == nr, "%s: export of %zu bytes, expected %zu (S %d, %d/%d bits, L %d)", what, ne, nr, S, kb, vb, L);
   ck_assert_msg(memcmp(e, r, ne) == 0, "%s: export differs (S %d, %d/%d bits, rot %d, D %d, L %d)", what, S, kb, vb,
                 rot, D, L);
@@ -170,7 +153,7 @@ END_TEST
 static void ref_tokens(const kivi_cache *c, int seq, int L, double *kd, double *vd) {
   kivi_cache_config cfg;
   ck_assert_int_eq(kivi_cache_get_config(c, &cfg), KIVI_OK);
-  const ref_geom g = {cfg.head_dim, cfg.n_kv_heads, cfg.group, cfg.residual, cfg.k_bits, cfg.v_bits, cfg.sinks};
+  const ref_geom g = {cfg.head_dim, cfg.n_kv_heads, cfg.group, cfg.residual, cfg.k_bits, cfg.v_bits, cfg.sinks, cfg.v_clip};
   size_t ne = 0;
   unsigned char *e = tu_export(c, seq, 1, &ne);
   ref_dequant_export(&g, L, e, kd, vd);
@@ -204,21 +187,14 @@ static double decode_err(kivi_cache *c, int ns, const int *lens, int HQ, int rot
   for (int i = 0; i < ns; ++i) {
     const int L = lens[i];
     double *kd = malloc((size_t)L * H * D * 8), *vd = malloc((size_t)L * H * D * 8);
-    double *ref = malloc((size_t)HQ * D * 8), *qd = malloc((size_t)HQ * D * 8);
-    float *qr = malloc((size_t)HQ * D * 4);
+    double *ref = malloc((size_t)HQ * D * 8);
     ref_tokens(c, i, L, kd, vd);
-    for (int j = 0; j < HQ * D; ++j) qd[j] = q[(size_t)i * HQ * D + j];
-    if (rot & KIVI_ROTATE_K)
-      for (int h = 0; h < HQ; ++h) ref_rotate(qd + (size_t)h * D, D);
-    for (int j = 0; j < HQ * D; ++j) qr[j] = (float)qd[j];
-    ref_attention(L, H, HQ, D, kd, vd, qr, scale, ref, NULL);
-    if (rot & KIVI_ROTATE_V)
-      for (int h = 0; h < HQ; ++h) ref_rotate(ref + (size_t)h * D, D);
+    tu_ref_attention_rot(L, H, HQ, D, kd, vd, q + (size_t)i * HQ * D, rot, scale, ref);
     for (int j = 0; j < HQ * D; ++j) {
       err = fmax(err, fabs(out[(size_t)i * HQ * D + j] - ref[j]));
       mx = fmax(mx, fabs(ref[j]));
     }
-    free(kd); free(vd); free(ref); free(qd); free(qr);
+    free(kd); free(vd); free(ref);
   }
   free(q);
   free(out);

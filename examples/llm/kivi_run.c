@@ -32,7 +32,7 @@ enum { ROT_BY_AUTO, ROT_BY_CACHE, ROT_BY_MODEL };
 typedef struct options {
   const char *cmd, *model, *json, *prompt, *prompt_file, *prompts, *text_file, *kv, *lengths, *system;
   int k_bits, v_bits, group, residual, chunk, device, quiet, raw, no_stream;
-  int fake, k_per_token, v_per_channel, sink, pre_rope, rotate;
+  int fake, k_per_token, v_per_channel, sink, pre_rope, rotate, v_clip;
   int rotate_by; /* ROT_BY_*: who rotates for --rotate */
   int max_tokens, ctx, trials;
   int batch; /* ppl: windows run together */
@@ -80,6 +80,8 @@ static const char usage_text[] =
         "                     --pre-rope: keys quantized before the rotary embedding\n"
         "  --sink N           the first N tokens of each sequence kept in fp16, never quantized (the\n"
         "                     cache's kivi_cache_config.sinks; simulated with --fake-quant)\n"
+        "  --v-clip           each quantized value group takes the best of nine ranges narrowed about\n"
+        "                     its centre (kivi_cache_config.v_clip = KIVI_CLIP_MSE; not with --fake-quant)\n"
         "  --rotate v|k|kv    an orthonormal Hadamard transform of each V and/or K head vector before\n"
         "                     it is cached (q rotated alike, outputs rotated back; head_dim 2^n)\n"
         "  --rotate-by cache|model   who rotates: the cache (kivi_cache_config.rotate; the default)\n"
@@ -134,6 +136,7 @@ static int parse_args(int argc, char **argv, options *o) {
     const char **sv = NULL;
     if (!strcmp(a, "--fake-quant")) { o->fake = 1; continue; }
     if (!strcmp(a, "--pre-rope")) { o->pre_rope = 1; continue; }
+    if (!strcmp(a, "--v-clip")) { o->v_clip = 1; continue; }
     if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
     if (!strcmp(a, "--no-stream")) { o->no_stream = 1; continue; }
     if (!strcmp(a, "--raw")) { o->raw = 1; continue; }
@@ -350,8 +353,14 @@ static int runner_start(runner *r, int max_len) {
     r->cfg.rotate = (r->o.rotate & LLM_ROTATE_K ? KIVI_ROTATE_K : 0) | (r->o.rotate & LLM_ROTATE_V ? KIVI_ROTATE_V : 0);
   const int model_rotate = by_cache ? 0 : r->o.rotate;
   if (!r->o.fake) r->cfg.sinks = r->o.sink; /* the cache's sink tokens (simulated with --fake-quant) */
+  if (r->o.v_clip && r->o.fake) {
+    fprintf(stderr, "kivi-run: --v-clip is the cache's option: not with --fake-quant\n");
+    return -1;
+  }
+  r->cfg.v_clip = r->o.v_clip ? KIVI_CLIP_MSE : KIVI_CLIP_NONE;
   if (create_cache(r->ctx, &r->cfg, &r->cache, r->setting)) return -1;
   if (r->cfg.sinks) setting_add(r, ", %d sink tokens", r->cfg.sinks);
+  if (r->cfg.v_clip) setting_add(r, ", searched V ranges");
   if (r->o.edge_layers > 0) { /* the first and last layers in a cache of their own widths */
     if (2 * r->o.edge_layers >= m->n_layers || r->o.fake) {
       fprintf(stderr, "kivi-run: --edge-layers must be below half the %d layers (and without --fake-quant)\n", m->n_layers);

@@ -44,6 +44,54 @@ static void ref_quant(const float *x, int n, int stride, int bits, uint16_t *hs,
   for (int i = 0; i < n; ++i) codes[i] = ref_quant_code(x[(size_t)i * stride], s, z, bits);
 }
 
+static void ref_quant1(const float *x, int n, int bits, uint16_t *hs, uint16_t *hz, unsigned *codes) {
+  ref_quant(x, n, 1, bits, hs, hz, codes);
+}
+
+/* A value group with a searched range (kivi_cache_config.v_clip = KIVI_CLIP_MSE, rule in
+ * kivi.h): the min/max candidate of ref_quant and 8 narrowed ones, the first of the smallest
+ * sum of squared errors (errors cut to 12 significant bits).  x: n consecutive values. */
+static float ref_clip_err(const float *x, int n, int bits, float s, float z) {
+  float e = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float prod = (float)ref_quant_code(x[i], s, z, bits) * s; /* exact */
+    const float rec = prod + z;
+    const float d = rec - x[i];
+    uint32_t u;
+    memcpy(&u, &d, 4);
+    u &= ~0xfffu;
+    float dc;
+    memcpy(&dc, &u, 4);
+    const float sq = dc * dc; /* exact: 12 x 12 bits */
+    e = e + sq;
+  }
+  return e;
+}
+static void ref_quant_clip(const float *x, int n, int bits, uint16_t *hs, uint16_t *hz, unsigned *codes) {
+  ref_quant(x, n, 1, bits, hs, hz, codes);
+  float mn = x[0], mx = x[0];
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < mn) mn = x[i];
+    if (x[i] > mx) mx = x[i];
+  }
+  const float maxq = (float)((1 << bits) - 1);
+  const float h = ref_round_f16(0.5f * (mx - mn));
+  if (!(h > 0.0f) || h > 65504.0f) return;
+  float best = ref_clip_err(x, n, bits, ref_f16_val(*hs), ref_f16_val(*hz));
+  for (int i = 1; i <= 8; ++i) {
+    const float ah = ((float)i / 16.0f) * h; /* exact */
+    const float lo = mn + ah, hi = mx - ah;
+    const uint16_t s16 = ref_f16((hi - lo) / maxq), z16 = ref_f16(lo);
+    const float e = ref_clip_err(x, n, bits, ref_f16_val(s16), ref_f16_val(z16));
+    if (e < best) {
+      best = e;
+      *hs = s16;
+      *hz = z16;
+    }
+  }
+  for (int i = 0; i < n; ++i) codes[i] = ref_quant_code(x[i], ref_f16_val(*hs), ref_f16_val(*hz), bits);
+}
+
 /* Pack the codes of one token row (D channels) into words, LSB first. */
 static unsigned char *put_row(unsigned char *o, const unsigned *codes, int D, int bits) {
   const int cpw = 32 / bits;
@@ -113,8 +161,9 @@ unsigned char *ref_export(const ref_geom *g, int L0, const float *k0, const floa
       uint16_t *vsz = malloc(2 * 2 * (size_t)(Lv + 1) * (D / G));
       for (int t = 0; t < Lv; ++t) {
         for (int cg = 0; cg < D / G; ++cg)
-          ref_quant(y + (size_t)t * D + cg * G, G, 1, g->vb, &vsz[((size_t)t * (D / G) + cg) * 2],
-                    &vsz[((size_t)t * (D / G) + cg) * 2 + 1], codes + (size_t)t * D + cg * G);
+          (g->vclip ? ref_quant_clip : ref_quant1)(y + (size_t)t * D + cg * G, G, g->vb,
+                                                   &vsz[((size_t)t * (D / G) + cg) * 2],
+                                                   &vsz[((size_t)t * (D / G) + cg) * 2 + 1], codes + (size_t)t * D + cg * G);
         o = put_row(o, codes + (size_t)t * D, D, g->vb);
       }
       for (size_t i = 0; i < (size_t)Lv * (D / G) * 2; ++i) o = put_h(o, vsz[i]);

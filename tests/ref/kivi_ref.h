@@ -16,7 +16,8 @@ unsigned ref_quant_code(float x, float s, float z, int bits);
 
 typedef struct ref_geom {
   int D, H, G, R, kb, vb;
-  int S; /* kivi_cache_config.sinks (0 where an initializer leaves it out) */
+  int S;     /* kivi_cache_config.sinks (0 where an initializer leaves it out) */
+  int vclip; /* kivi_cache_config.v_clip (0 where an initializer leaves it out) */
 } ref_geom;
 
 /* Expected export (kivi_cache_export_seq) of one sequence on one layer whose tokens are
