@@ -9,6 +9,7 @@
  *  - every group's error, in double, is at most its min/max range's (CLIP_NOT_WORSE), and on
  *    Gaussian-like values the total squared error falls by at least CLIP_GAIN;
  *  - decode over such a cache equals double attention over the dequantized export;
+ *  - a checkpoint does not record the option and loads into a cache with either setting;
  *  - v_clip outside the enum is KIVI_ERR_ARG. */
 #include "check_util.h"
 #include "ref/kivi_ref.h"
@@ -246,6 +247,34 @@ START_TEST(decode_matches_reference) {
 }
 END_TEST
 
+/* A checkpoint does not record the option: saved from a cache with it, it loads into one
+ * without (and back), with the same export; both then quantize later values by their own rule. */
+START_TEST(checkpoint_loads_either_way) {
+  enum { H = 2, D = 64, L = 400 };
+  float *k, *v;
+  tokens_of(L, H, D, 41, &k, &v);
+  kivi_cache *a = make(H, D, 32, 2, 2, KIVI_ROTATE_NONE, 4, KIVI_ATTENTION_FP32, 1, 512);
+  kivi_cache_config cfg;
+  ck_assert_int_eq(kivi_cache_get_config(a, &cfg), KIVI_OK);
+  cfg.v_clip = KIVI_CLIP_NONE;
+  kivi_cache *b = NULL;
+  ck_assert_int_eq(kivi_cache_create(ctx, &cfg, &b), KIVI_OK);
+  const int s0 = 0, n = L;
+  ck_assert_int_eq(kivi_cache_append(a, 1, 1, &s0, &n, k, v, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  size_t nb = 0;
+  ck_assert_int_eq(kivi_cache_save(a, 0, NULL, &nb), KIVI_OK);
+  unsigned char *buf = malloc(nb);
+  ck_assert_int_eq(kivi_cache_save(a, 0, buf, &nb), KIVI_OK);
+  ck_assert_int_eq(kivi_cache_load(b, 0, buf, nb), KIVI_OK);
+  size_t na = 0, nbx = 0;
+  unsigned char *ea = tu_export(a, 0, 1, &na), *eb = tu_export(b, 0, 1, &nbx);
+  ck_assert(na == nbx && memcmp(ea, eb, na) == 0);
+  free(ea); free(eb); free(buf); free(k); free(v);
+  kivi_cache_destroy(a);
+  kivi_cache_destroy(b);
+}
+END_TEST
+
 START_TEST(config_checked) {
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, 1, 1, 64, 1, 64);
@@ -271,6 +300,7 @@ int main(void) {
   tcase_add_test(tc, append_matches_reference);
   tcase_add_test(tc, search_lowers_error);
   tcase_add_test(tc, decode_matches_reference);
+  tcase_add_test(tc, checkpoint_loads_either_way);
   tcase_add_test(tc, config_checked);
   suite_add_tcase(s, tc);
   return tu_run(s);
