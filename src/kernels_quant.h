@@ -36,6 +36,22 @@ static inline void kivi_group_params(float mn, float mx, int bits, uint16_t *hs,
   *hz = kivi_f32_to_f16(mn); /* mn is an fp16 value: exact */
 }
 
+/* The code by a multiplication, for x >= zero (the group's minimum) and rs = 1 / scale (0 for a
+ * zero scale: code 0, as the division's): r = (x - zero) rs clamped to maxq and rounded to the
+ * nearest integer (ties to even: t = r + 1.5 2^23 has an ulp of 1, so t - 1.5 2^23 is rint(r),
+ * and the code is t's low mantissa bits; no float-to-int conversion).  Three fp32 roundings
+ * (x - zero, rs, the product) put r within 3 2^-24 |quotient| <= 2^-13.4 of the quotient
+ * (|quotient| <= 1.5 maxq < 2^9, the 1.5 for subnormal scales), and the division's own "+ 1/2"
+ * rounds by at most 2^-15, so where r is more than KIVI_QUANT_EPS from a half-integer the code
+ * is the division's (at r >= maxq both are maxq).  *dev rises to |r - rint(r)|: where it ends
+ * above KIVI_QUANT_NEAR the caller takes kivi_quant_code (rare: the items redo those values
+ * after their loop, where a test per value would make the compiler compute every division). */
+static inline uint32_t kivi_quant_code_mul(float x, float rs, float zero, float maxq, float *dev) {
+  const float r = fminf((x - zero) * rs, maxq), t = r + KIVI_QUANT_RN;
+  *dev = fmaxf(*dev, fabsf(r - (t - KIVI_QUANT_RN)));
+  return kivi_f32_bits(t) - 0x4b400000u; /* the bits of 1.5 2^23 */
+}
+
 /* ---- Searched value ranges (kivi_cache_config.v_clip = KIVI_CLIP_MSE; the rule: kivi.h) ----
  * Every operation is one IEEE fp32 rounding whose products are exact (so a compiler that fuses
  * a multiply and an add gets the same bits): the same choice on every compiler and device.
@@ -45,9 +61,9 @@ static inline float kivi_v_in(uint16_t h, int bf) { return kivi_f16_to_f32(bf ? 
  * i = 0 .. KIVI_CLIP_STEPS, h = (mx - mn) / 2 rounded to fp16, the first whose reconstruction
  * has the smallest sum of squared errors, each error cut to 12 significant bits (its square
  * then exact in fp32); i = 0 is the min/max rule's own scale and zero.  One pass over the
- * values for all candidates; each code by a multiplication with 1 / scale clamped to
- * [0, maxq] (below the zero the division's code is 0 too), by the division within
- * KIVI_QUANT_EPS of a rounding boundary, as kivi_quant_code_mul argues. */
+ * values for all candidates; each code by kivi_quant_code_mul of max(x, zero) (a value below
+ * a narrowed range's zero gets code 0, as by the division), by the division within
+ * KIVI_QUANT_EPS of a rounding boundary. */
 #define KIVI_CLIP_STEPS 8
 #define KIVI_CLIP_N (KIVI_CLIP_STEPS + 1)
 static inline void kivi_v_clip_params(const uint16_t *x, int G, int bits, int bf, float mn, float mx, uint16_t *hs,
@@ -71,9 +87,9 @@ static inline void kivi_v_clip_params(const uint16_t *x, int G, int bits, int bf
     const float f = kivi_v_in(x[c], bf);
     _Pragma("GCC unroll 9")
     for (int i = 0; i < KIVI_CLIP_N; ++i) {
-      const float r = fminf(fmaxf((f - zr[i]) * rs[i], 0.0f), maxq), t = r + KIVI_QUANT_RN;
-      uint32_t code = kivi_f32_bits(t) - 0x4b400000u;
-      if (fabsf(r - (t - KIVI_QUANT_RN)) > KIVI_QUANT_NEAR) code = kivi_quant_code(f, sc[i], zr[i], maxq);
+      float dev = 0.0f; /* below the zero: code 0, as the division's */
+      uint32_t code = kivi_quant_code_mul(fmaxf(f, zr[i]), rs[i], zr[i], maxq, &dev);
+      if (dev > KIVI_QUANT_NEAR) code = kivi_quant_code(f, sc[i], zr[i], maxq);
       const float d = ((float)code * sc[i] + zr[i]) - f;
       const float dc = kivi_bits_f32(kivi_f32_bits(d) & 0xfffff000u);
       err[i] += dc * dc;
@@ -87,8 +103,10 @@ static inline void kivi_v_clip_params(const uint16_t *x, int G, int bits, int bf
       *hz = z16[i];
     }
 }
-/* Codes of a group with a searched range: by the division (values may lie outside the range). */
-static inline void kivi_v_clip_codes(uint32_t *w, const uint16_t *x, int G, int bits, int bf, float s, float z) {
+/* The code words of a value group of G values x (bf: bf16, rounded to fp16 as read) with stored
+ * scale s and zero z, each code by the division (kivi_quant_code: values may lie outside a
+ * searched range). */
+static inline void kivi_v_codes(uint32_t *w, const uint16_t *x, int G, int bits, int bf, float s, float z) {
   const int cpw = 32 / bits;
   const float maxq = (float)((1u << bits) - 1u);
   for (int i = 0; i < G / cpw; ++i) {
@@ -173,7 +191,6 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
     for (int i = 0; i < G / 2; ++i) w[i] = (uint32_t)x[2 * i] | (uint32_t)x[2 * i + 1] << 16;
     return;
   }
-  const int cpw = 32 / bits;
   float mn = INFINITY, mx = -INFINITY;
   KIVI_UNROLL8
   for (int c = 0; c < G; ++c) {
@@ -186,13 +203,7 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
   else kivi_group_params(mn, mx, bits, &hs, &hz);
   sz[2 * cg] = hs;
   sz[2 * cg + 1] = hz;
-  const float s = kivi_f16_to_f32(hs), z = kivi_f16_to_f32(hz), maxq = (float)((1u << bits) - 1u);
-  uint32_t *w = codes + (size_t)cg * G / cpw;
-  for (int i = 0; i < G / cpw; ++i) {
-    uint32_t word = 0;
-    for (int j = 0; j < cpw; ++j) word |= kivi_quant_code(kivi_f16_to_f32(x[i * cpw + j]), s, z, maxq) << (bits * j);
-    w[i] = word;
-  }
+  kivi_v_codes(codes + (size_t)cg * G * bits / 32, x, G, bits, 0, kivi_f16_to_f32(hs), kivi_f16_to_f32(hz));
 }
 
 /* The one-kernel append's K item (append_fast.inc): token group g, channels 8 c8 .. 8 c8 + 7 of
@@ -242,21 +253,6 @@ static inline uint32_t kivi_f16x2_nonfinite(uint32_t w) { return ((w & 0x7c007c0
 static inline float kivi_f16x2_lo(uint32_t w) { return kivi_f16_to_f32((uint16_t)w); }
 static inline float kivi_f16x2_hi(uint32_t w) { return kivi_f16_to_f32((uint16_t)(w >> 16)); }
 
-/* The code by a multiplication, for x >= zero (the group's minimum) and rs = 1 / scale (0 for a
- * zero scale: code 0, as the division's): r = (x - zero) rs clamped to maxq and rounded to the
- * nearest integer (ties to even: t = r + 1.5 2^23 has an ulp of 1, so t - 1.5 2^23 is rint(r),
- * and the code is t's low mantissa bits; no float-to-int conversion).  Three fp32 roundings
- * (x - zero, rs, the product) put r within 3 2^-24 |quotient| <= 2^-13.4 of the quotient
- * (|quotient| <= 1.5 maxq < 2^9, the 1.5 for subnormal scales), and the division's own "+ 1/2"
- * rounds by at most 2^-15, so where r is more than KIVI_QUANT_EPS from a half-integer the code
- * is the division's (at r >= maxq both are maxq).  *dev rises to |r - rint(r)|: where it ends
- * above KIVI_QUANT_NEAR the caller takes kivi_quant_code (rare: the items redo those values
- * after their loop, where a test per value would make the compiler compute every division). */
-static inline uint32_t kivi_quant_code_mul(float x, float rs, float zero, float maxq, float *dev) {
-  const float r = fminf((x - zero) * rs, maxq), t = r + KIVI_QUANT_RN;
-  *dev = fmaxf(*dev, fabsf(r - (t - KIVI_QUANT_RN)));
-  return kivi_f32_bits(t) - 0x4b400000u; /* the bits of 1.5 2^23 */
-}
 /* kivi_quant_code_mul with r = fma(x, rs, nzr), nzr = -(zero rs) rounded to fp32 (one
  * instruction for (x - zero) rs) and without the clamp, where kivi_quant_fma_ok:
  *  - |zero rs| < 2^12: the rounding of nzr adds at most 2^-12 to r's error (2^-12 + 2^-13.4 +
@@ -431,7 +427,7 @@ static inline __attribute__((always_inline)) uint32_t kivi_v32_item(uint32_t *co
   if (clip) { /* a searched range (rare: its own loops, reading x again) */
     kivi_v_clip_params(x, G, bits, bf, mn, mx, &hs, &hz);
     *(uint32_t *)(sz + 2 * cg) = (uint32_t)hs | (uint32_t)hz << 16;
-    kivi_v_clip_codes(codes + (size_t)cg * G * bits / 32, x, G, bits, bf, kivi_f16_to_f32(hs), kivi_f16_to_f32(hz));
+    kivi_v_codes(codes + (size_t)cg * G * bits / 32, x, G, bits, bf, kivi_f16_to_f32(hs), kivi_f16_to_f32(hz));
     return bad;
   }
   kivi_group_params(mn, mx, bits, &hs, &hz);
@@ -458,8 +454,7 @@ static inline __attribute__((always_inline)) uint32_t kivi_v32_item(uint32_t *co
     while (fix) { /* their codes again, by the division, patched into the stored words */
       const int c = __builtin_ctz(fix);
       fix &= fix - 1u;
-      const uint16_t h = x[b0 + c];
-      const float f = kivi_f16_to_f32(bf ? kivi_bf16_to_f16(h) : h);
+      const float f = kivi_v_in(x[b0 + c], bf);
       const int sh = bits * (c % cpw);
       dst[c / cpw] = (dst[c / cpw] & ~((uint32_t)maxq << sh)) | kivi_quant_code(f, s, z, maxq) << sh;
     }

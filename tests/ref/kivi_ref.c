@@ -44,10 +44,6 @@ static void ref_quant(const float *x, int n, int stride, int bits, uint16_t *hs,
   for (int i = 0; i < n; ++i) codes[i] = ref_quant_code(x[(size_t)i * stride], s, z, bits);
 }
 
-static void ref_quant1(const float *x, int n, int bits, uint16_t *hs, uint16_t *hz, unsigned *codes) {
-  ref_quant(x, n, 1, bits, hs, hz, codes);
-}
-
 /* A value group with a searched range (kivi_cache_config.v_clip = KIVI_CLIP_MSE, rule in
  * kivi.h): the min/max candidate of ref_quant and 8 narrowed ones, the first of the smallest
  * sum of squared errors (errors cut to 12 significant bits).  x: n consecutive values. */
@@ -160,10 +156,12 @@ unsigned char *ref_export(const ref_geom *g, int L0, const float *k0, const floa
     } else {
       uint16_t *vsz = malloc(2 * 2 * (size_t)(Lv + 1) * (D / G));
       for (int t = 0; t < Lv; ++t) {
-        for (int cg = 0; cg < D / G; ++cg)
-          (g->vclip ? ref_quant_clip : ref_quant1)(y + (size_t)t * D + cg * G, G, g->vb,
-                                                   &vsz[((size_t)t * (D / G) + cg) * 2],
-                                                   &vsz[((size_t)t * (D / G) + cg) * 2 + 1], codes + (size_t)t * D + cg * G);
+        for (int cg = 0; cg < D / G; ++cg) {
+          const float *xg = y + (size_t)t * D + cg * G;
+          uint16_t *sz = &vsz[((size_t)t * (D / G) + cg) * 2];
+          if (g->vclip) ref_quant_clip(xg, G, g->vb, sz, sz + 1, codes + (size_t)t * D + cg * G);
+          else ref_quant(xg, G, 1, g->vb, sz, sz + 1, codes + (size_t)t * D + cg * G);
+        }
         o = put_row(o, codes + (size_t)t * D, D, g->vb);
       }
       for (size_t i = 0; i < (size_t)Lv * (D / G) * 2; ++i) o = put_h(o, vsz[i]);
