@@ -90,6 +90,17 @@ static inline uint32_t hadd2(uint32_t a, uint32_t b) {
   __asm__("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+/* a b - c rounded once (exact where c = a b rounded: the product's error) */
+static inline uint32_t hfms2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  __asm__("{.reg .b32 n; neg.f16x2 n, %3; fma.rn.f16x2 %0, %1, %2, n;}" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+static inline uint32_t hmax2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  __asm__("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
   uint32_t d;
   __asm__("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
@@ -177,6 +188,8 @@ static inline unsigned fk_arrive_acq_rel(unsigned *p) {
 static inline uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) { return a ^ b ^ c; }
 static inline uint32_t hmul2(uint32_t a, uint32_t b) { return a ^ b; }
 static inline uint32_t hadd2(uint32_t a, uint32_t b) { return a ^ b; }
+static inline uint32_t hfms2(uint32_t a, uint32_t b, uint32_t c) { return a ^ b ^ c; }
+static inline uint32_t hmax2(uint32_t a, uint32_t b) { return a > b ? a : b; }
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return a ^ b ^ s; }
 static inline void h2f(uint32_t a, float *lo, float *hi) { *lo = (float)(a & 0xffff); *hi = (float)(a >> 16); }
 static inline uint32_t f2h2(float lo, float hi) { return (uint32_t)lo ^ (uint32_t)hi; }
