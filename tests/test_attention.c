@@ -552,9 +552,12 @@ END_TEST
 /* Degenerate groups that real models have, and sharp attention, on the decode kernels (2-, 4-
  * and 16-bit, D 128, G 32, R 128, MHA and 4 query heads per kv-head): a constant key channel
  * (0.37 in every token: scale 0), a key channel of tiny values (0 or 2^-24: the scale rounds to
- * 0), every 17th token's values constant (1.25 in every channel), all three at once, and one key
+ * 0), every 17th token's values constant (1.25 in every channel), all three at once, one key
  * whose score dominates (q = 1.5 x that key; with the outlier channel of make_kv a few keys'
- * logits reach about 50).  The error is measured against the reference on the dequantized cache
+ * logits reach about 50), and an outlier token every 300 (its key's channel 9 = 3e4, so that its
+ * group's scale there is about 10^4 times the others', in a channel that every query weighs 0:
+ * kernels that scale their operands by the largest scale they meet must keep the other
+ * groups' precision).  The error is measured against the reference on the dequantized cache
  * and held to the class of the kernel that ran (kernel_tol): sharp attention included, the
  * f16x2 kernel holds FAST_REL_TOL because it computes the logits near the maximum again in fp32
  * (before that it reached 1.5e-2 there on the H200). */
@@ -571,10 +574,13 @@ static double degenerate_case(int D, int kb, int HQ, int L, int pattern) {
       if (pattern == 1 || pattern == 3) kr[7] = (t & 1) ? 0x1p-24f : 0.0f;
       if ((pattern == 2 || pattern == 3) && t % 17 == 0)
         for (int d = 0; d < a.D; ++d) vr[d] = 1.25f;
+      if (pattern == 5 && t % 300 == 150) kr[9] = 3e4f;
     }
   append_all(c, 0, L, k, v);
   const size_t qn = (size_t)HQ * a.D;
   float *q = tu_random(qn, 77 + (uint64_t)pattern, 1.0f), *out = malloc(sizeof(float) * qn);
+  if (pattern == 5)
+    for (int hq = 0; hq < HQ; ++hq) q[(size_t)hq * a.D + 9] = 0.0f;
   if (pattern == 4)
     for (int hq = 0; hq < HQ; ++hq)
       for (int d = 0; d < a.D; ++d) q[(size_t)hq * a.D + d] = 1.5f * k[((size_t)hot * a.H + hq / (HQ / a.H)) * a.D + d];
@@ -598,7 +604,7 @@ static double degenerate_case(int D, int kb, int HQ, int L, int pattern) {
 START_TEST(decode_degenerate_groups) {
   const int lens[] = {129, 257, 647, 2100};
   double worst = 0;
-  for (int pattern = 0; pattern < 5; ++pattern)
+  for (int pattern = 0; pattern < 6; ++pattern)
     for (int kb = 2; kb <= 16; kb = kb == 2 ? 4 : kb + 12) /* 2, 4 and 16 (the fp16 cache) */
       for (int hq = 2; hq <= 8; hq *= 4)
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; ++li) {
