@@ -2,7 +2,8 @@
 # Offload builds: the built libkivi-omp.so carries a CUDA device image (libtool did not drop the
 # offload flags), and when configure enabled the cubin ABI fix, every image is in the ABI that
 # LLVM 19's runtime loads.  Also checks the fixer itself on a copy: it must rewrite a CUDA-13
-# header and report a file without device code.
+# header and report a file without device code; and, where python3 is there, that
+# scripts/kernel-regs.py reads a register count for every decode kernel of the image.
 set -eu
 b=${top_builddir:-.}
 lib=$b/.libs/libkivi-omp.so
@@ -34,3 +35,11 @@ got=$(od -An -tx1 -j7 -N2 "$t" | tr -d ' \n'); flags=$(od -An -tx1 -j48 -N4 "$t"
 set +e; "$fix" --check /bin/sh; rc=$?; set -e
 [ $rc = 4 ] || { echo "FAIL: a file without device code was not reported (rc $rc)"; exit 1; }
 echo "cubin fixer: detects, patches and reports as expected"
+if command -v python3 >/dev/null 2>&1; then
+  out=$(python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$lib" kivi_gpu_fast_decode) ||
+    { echo "FAIL: scripts/kernel-regs.py on $lib"; exit 1; }
+  n=$(printf '%s\n' "$out" | grep -c ' regs ' || true)
+  bad=$(printf '%s\n' "$out" | awk '/ regs / && !($1 ~ /^[0-9]+$/ && $1 >= 16 && $1 <= 255)' | wc -l)
+  [ "$n" -ge 8 ] && [ "$bad" -eq 0 ] || { echo "FAIL: kernel-regs.py: $n decode kernels, $bad without a count"; exit 1; }
+  echo "kernel-regs.py: $n decode kernels, $(printf '%s\n' "$out" | awk '/ regs /{ if (!m || $1 < m) m = $1; if ($1 > x) x = $1 } END { print m "-" x }') registers"
+fi
