@@ -5,8 +5,8 @@
 # PyTorch's fp16 scaled_dot_product_attention (cuDNN; CUDA events, L2 flushed), measured in the
 # same run.  Usage (project root, GPU machine, offload build in BUILD):
 #   . <runtime env>; bash scripts/decode-table.sh BUILD OUT [B,HQ,HK,D,S ...]
-# Default shapes: MHA 32/32 and GQA 32/8 at (1, 4k) (1, 32k) (8, 4k) (8, 32k) (32, 4k), and
-# 28/4, 64/8 and 9/3 (D 64) at (8, 32k).  Writes OUT/decode-table.md and OUT/sdpa.json.
+# Default shapes (the README's 15): MHA 32/32 and GQA 32/8 at (1, 4k) (1, 32k) (8, 4k) (8, 32k)
+# (32, 4k), 28/4, 64/8 and 9/3 (D 64) at (8, 32k), and 9/3 (D 64) at (1, 4k) and (32, 4k).  Writes OUT/decode-table.md and OUT/sdpa.json.
 set -u
 b=$1; out=$2; shift 2
 mkdir -p "$out" || exit 1
@@ -18,7 +18,7 @@ if [ ${#shapes[@]} -eq 0 ]; then
   for kv in 32 8; do
     for bs in 1,4096 1,32768 8,4096 8,32768 32,4096; do shapes+=("${bs%,*},32,$kv,128,${bs#*,}"); done
   done
-  shapes+=(8,28,4,128,32768 8,64,8,128,32768 8,9,3,64,32768)
+  shapes+=(8,28,4,128,32768 8,64,8,128,32768 8,9,3,64,32768 1,9,3,64,4096 32,9,3,64,4096)
 fi
 $py scripts/sdpa-anchor.py "$out/sdpa.json" "${shapes[@]}" > "$out/sdpa.log" 2>&1 || echo "sdpa anchor failed: $(tail -3 "$out/sdpa.log")"
 q="--csv --print-units base --metrics gpu__time_duration.sum -k regex:kivi_gpu_f16_decode|kivi_gpu_fast_decode|run_rows"
