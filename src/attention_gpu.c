@@ -157,6 +157,8 @@ static inline __attribute__((unused)) void fk_ldsm4t(uint32_t *r, const void *p)
   __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fk_saddr(p)) : "memory");
 }
+/* a hint: the 128-byte line holding p into L1 (no register waits for it) */
+static inline __attribute__((unused)) void fk_pf1(const void *p) { __asm__ volatile("prefetch.L1 [%0];" : : "l"(p)); }
 static inline fk_v4u ld16(const uint32_t *p) { return __nvvm_ldg_ui4((const fk_v4u *)p); }
 static inline fk_v2u ld8(const uint32_t *p) { return __nvvm_ldg_ui2((const fk_v2u *)p); }
 static inline uint32_t ld4(const uint32_t *p) { return __nvvm_ldg_ui(p); }
@@ -207,6 +209,7 @@ static inline __attribute__((unused)) void fk_ldsm4(uint32_t *r, const void *p) 
 static inline __attribute__((unused)) void fk_ldsm4t(uint32_t *r, const void *p) {
   memcpy(r, p, 16);
 }
+static inline __attribute__((unused)) void fk_pf1(const void *p) { (void)p; }
 static inline fk_v4u ld16(const uint32_t *p) { fk_v4u r = {p[0], p[1], p[2], p[3]}; return r; }
 static inline fk_v2u ld8(const uint32_t *p) { fk_v2u r = {p[0], p[1]}; return r; }
 static inline uint32_t ld4(const uint32_t *p) { return *p; }
@@ -401,6 +404,15 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
  * CPPFLAGS=-DKIVI_GQA_WARPS=1, for measurement. */
 #ifndef KIVI_GQA_WARPS
 #define KIVI_GQA_WARPS 0
+#endif
+/* The GQA kernel's L1 prefetch distances: each warp asks for the 128-byte lines of the key group
+ * it takes KIVI_GQA_PF iterations on, and of its value tile KIVI_GQA_VPF tiles on (prefetch.L1,
+ * no register held while the lines arrive); 0 turns one off. */
+#ifndef KIVI_GQA_PF
+#define KIVI_GQA_PF 1
+#endif
+#ifndef KIVI_GQA_VPF
+#define KIVI_GQA_VPF 2
 #endif
 /* The power-of-two exponent that brings a largest magnitude m below 2^15 (0 for m = 0, within
  * fp32's exponents: the new tokens of an extend call, attention_new.inc), and the two f16 parts
