@@ -6,7 +6,8 @@
 # same run.  Usage (project root, GPU machine, offload build in BUILD):
 #   . <runtime env>; bash scripts/decode-table.sh BUILD OUT [B,HQ,HK,D,S ...]
 # Default shapes (the README's 15): MHA 32/32 and GQA 32/8 at (1, 4k) (1, 32k) (8, 4k) (8, 32k)
-# (32, 4k), 28/4, 64/8 and 9/3 (D 64) at (8, 32k), and 9/3 (D 64) at (1, 4k) and (32, 4k).  Writes OUT/decode-table.md and OUT/sdpa.json.
+# (32, 4k), 28/4, 64/8 and 9/3 (D 64) at (8, 32k), and 9/3 (D 64) at (1, 4k) and (32, 4k).
+# Writes OUT/decode-table.md and OUT/sdpa.json.
 set -u
 b=$1; out=$2; shift 2
 mkdir -p "$out" || exit 1
