@@ -565,7 +565,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int dev = c->ctx->device;
   const int nblk = rows * H * nqc * nf;
   if (nblk <= 0) return;
-#if KIVI_F16_STREAM /* the streamed kernel, for 2 or more query heads per kv-head (internal.h) */
+#if KIVI_F16_STREAM /* the streamed kernel, from KIVI_F16_STREAM_GSZ query heads per kv-head (internal.h) */
   if (kivi_f16_streamed(gsz)) {
 #define KIVI_REGION_FILE "attention_f16s.inc"
 #include "region_d.inc"

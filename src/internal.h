@@ -256,12 +256,13 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
 /* 1 (the default): where a kv-head has KIVI_F16_STREAM_GSZ or more query heads, the streamed
  * kernel (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
  * softmax, no block barrier) instead: 5-34 % less time at every GQA shape measured (docs/PERF.md,
- * round 27).  CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison. */
+ * round 27), and 4-7 % less at four of the five MHA shapes (3 % more at (1, 4096); round 33).
+ * CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison. */
 #ifndef KIVI_F16_STREAM
 #define KIVI_F16_STREAM 1
 #endif
 #ifndef KIVI_F16_STREAM_GSZ
-#define KIVI_F16_STREAM_GSZ 2 /* query heads per kv-head from which the streamed kernel serves */
+#define KIVI_F16_STREAM_GSZ 1 /* query heads per kv-head from which the streamed kernel serves */
 #endif
 static inline int kivi_f16_streamed(int gsz) { return KIVI_F16_STREAM && gsz >= KIVI_F16_STREAM_GSZ; }
 static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(gsz) ? 8 : 4; }
