@@ -573,6 +573,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
     return;
   }
 #endif
+#if !KIVI_F16_STREAM || KIVI_F16_STREAM_GSZ > 1 /* the two-phase kernel, only where it can run */
 #define KIVI_REGION_FILE "attention_f16.inc"
   if (chunk == 8) {
 #define F16_NH 8
@@ -588,6 +589,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
 #undef F16_NH
   }
 #undef KIVI_REGION_FILE
+#endif
 }
 
 int kivi_gpu_extend_eligible(const kivi_cache *c) {

@@ -257,7 +257,8 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
  * kernel (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
  * softmax, no block barrier) instead: 5-34 % less time at every GQA shape measured (docs/PERF.md,
  * round 27), and 4-7 % less at four of the five MHA shapes (3 % more at (1, 4096); round 33).
- * CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison. */
+ * CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison; it is compiled
+ * only where it can run (KIVI_F16_STREAM 0, or KIVI_F16_STREAM_GSZ above 1). */
 #ifndef KIVI_F16_STREAM
 #define KIVI_F16_STREAM 1
 #endif
