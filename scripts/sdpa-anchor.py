@@ -1,14 +1,21 @@
 # fp16 attention decode anchor: PyTorch's scaled_dot_product_attention (cuDNN on an H200) on
 # the decode shapes of scripts/decode-table.sh, GPU time per call from CUDA events with the L2
 # flushed before each call (median of 20).  PyTorch is the anchor, never a dependency of the
-# library.  Usage: python3 scripts/sdpa-anchor.py [--causal] OUT.json B,HQ,HK,D,S [B,HQ,HK,D,S ...]
+# library.  Usage: python3 scripts/sdpa-anchor.py [--causal] [--nvtx N] OUT.json B,HQ,HK,D,S ...
 # --causal: the prompt instead (S query tokens, causal mask: kivi-bench --prompt S's call).
+# --nvtx N: N timed calls instead of 20, each inside an NVTX range "sdpa" (the L2 flush outside
+# it), for Nsight Compute: ncu --nvtx --nvtx-include sdpa/ times cuDNN's own kernels as it times
+# the library's (scripts/decode-table.sh); the CUDA-event figures of such a run are not used.
 import json, sys
 import torch
 import torch.nn.functional as F
 
-causal = len(sys.argv) > 1 and sys.argv[1] == '--causal'
-args = sys.argv[2:] if causal else sys.argv[1:]
+args = sys.argv[1:]
+causal = bool(args) and args[0] == '--causal'
+args = args[1:] if causal else args
+nvtx = 0
+if len(args) > 1 and args[0] == '--nvtx':
+    nvtx, args = int(args[1]), args[2:]
 out, shapes = args[0], [tuple(int(x) for x in a.split(',')) for a in args[1:]]
 flush = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device='cuda')
 res = []
@@ -22,12 +29,17 @@ for B, HQ, HK, D, S in shapes:
     for _ in range(5):
         F.scaled_dot_product_attention(q, k, v, **kw)
     ts = []
-    for _ in range(20):
+    for _ in range(nvtx or 20):
         flush.zero_()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if nvtx:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push('sdpa')
         a.record()
         F.scaled_dot_product_attention(q, k, v, **kw)
         b.record()
+        if nvtx:
+            torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
         ts.append(a.elapsed_time(b) * 1000)
     ts.sort()
