@@ -306,21 +306,34 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     }
     const int H = c->cfg.n_kv_heads, nh = kivi_f16_heads(HQ / H), nqc = kivi_head_chunks(HQ / H, nh);
     const int64_t split = KIVI_F16_SPLIT(nh);
-    /* about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM), splits of 256 to
-     * `split` tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them where the
-     * split length allows (the last block of a (row, chunk) combines its splits alone:
-     * docs/PERF.md, round 18); the streamed kernel's own KIVI_F16S_* bounds where it serves */
     const int64_t nb = (int64_t)rows * H * nqc;
-    const int st = kivi_f16_streamed(HQ / H);
-    const int64_t blocks = st ? KIVI_F16S_BLOCKS : KIVI_F16_BLOCKS, minsplit = st ? KIVI_F16S_MINSPLIT : KIVI_F16_MINSPLIT,
-                  maxsplits = st ? KIVI_F16S_MAXSPLITS : KIVI_F16_MAXSPLITS;
-    int64_t nf = (blocks + nb - 1) / nb;
-    if (nf > maxLc / minsplit) nf = maxLc / minsplit;
-    if (nf > maxsplits) nf = maxsplits;
-    if (nf < (maxLc + split - 1) / split) nf = (maxLc + split - 1) / split;
-    if (nf < 1) nf = 1;
-    int64_t fs = ((maxLc + nf - 1) / nf + 63) / 64 * 64;
-    if (fs > split) fs = split;
+    int64_t fs;
+    if (kivi_f16_streamed(HQ / H)) {
+      /* the streamed kernel: splits of a power of two from KIVI_F16S_MINSPLIT to `split` tokens,
+       * the shortest that cut the longest row into at most 8 (fewer where the (row, chunk) pairs
+       * alone make a good part of KIVI_F16S_BLOCKS blocks: one split at a large batch), halved
+       * while fewer than KIVI_FAST_SMS / 2 blocks would run.  Measured on an H200 against the plan
+       * before (about 24 blocks per SM, splits down to 128 tokens): 4-29 % less time at 11 of the
+       * 12 decode-table shapes where they differ, 4.6 % more at MHA (1, 32768); fewer, longer
+       * splits pay each block's start and the combine less often (docs/PERF.md, round 34). */
+      const int64_t want = (KIVI_F16S_BLOCKS + nb - 1) / nb < 8 ? (KIVI_F16S_BLOCKS + nb - 1) / nb : 8;
+      const int64_t len = (maxLc + want - 1) / want;
+      fs = KIVI_F16S_MINSPLIT;
+      while (fs < len && fs < split) fs *= 2;
+      while (fs > KIVI_F16S_MINSPLIT && nb * ((maxLc + fs - 1) / fs) < KIVI_FAST_SMS / 2) fs /= 2;
+    } else {
+      /* the two-phase kernel: about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM),
+       * splits of 256 to `split` tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them
+       * where the split length allows (the last block of a (row, chunk) combines its splits
+       * alone: docs/PERF.md, round 18) */
+      int64_t nf = (KIVI_F16_BLOCKS + nb - 1) / nb;
+      if (nf > maxLc / KIVI_F16_MINSPLIT) nf = maxLc / KIVI_F16_MINSPLIT;
+      if (nf > KIVI_F16_MAXSPLITS) nf = KIVI_F16_MAXSPLITS;
+      if (nf < (maxLc + split - 1) / split) nf = (maxLc + split - 1) / split;
+      if (nf < 1) nf = 1;
+      fs = ((maxLc + nf - 1) / nf + 63) / 64 * 64;
+      if (fs > split) fs = split;
+    }
     att_plan p;
     memset(&p, 0, sizeof p);
     p.fs = (int)fs;
@@ -348,10 +361,15 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   const int gqa = fast && kivi_gpu_gqa_layout(c, HQ) &&
                   (c->cfg.head_dim == 64 ||
                    (units >= KIVI_GQA_MIN_PAIRS && units * ((maxbeg + 511) / 512) >= 2 * KIVI_FAST_SMS));
-  /* shorter fast splits when few blocks would leave SMs idle */
+  /* shorter fast splits when few blocks would leave SMs idle: the per-head kernel halves them
+   * while there are fewer than 2 blocks per SM, the GQA kernel while fewer than 1 (at 2, 32/8 at
+   * (8, 4096) took 512-token splits, 576 blocks, and 47.5 us on an H200, against 33.8 us with
+   * 1024 tokens and 320 blocks: docs/PERF.md, round 34) */
   const int nhb = gqa ? nkv * nqc : HQ; /* blocks per row and split */
   int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;
-  while (fs > (gqa ? KIVI_GQA_MIN_SPLIT : 512) && (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < 2 * KIVI_FAST_SMS) fs /= 2;
+  while (fs > (gqa ? KIVI_GQA_MIN_SPLIT : 512) &&
+         (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < (gqa ? 1 : 2) * KIVI_FAST_SMS)
+    fs /= 2;
   /* fold: in a fused per-head decode the tail block of each row may also take the row's last
    * split (it then starts at nf fs, not at beg), one block fewer per (row, head).  Done where
    * that saves a wave of resident blocks, e.g. (1 row, 32 heads, 8k tokens): 544 -> 512 blocks,

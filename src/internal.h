@@ -270,12 +270,10 @@ static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(
 #define KIVI_F16_SPLIT(nh) (8192 / (nh)) /* s_p: nh x split floats */
 #define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
 #define KIVI_F16_MAXSPLITS 32
-/* the streamed kernel's plan (attention_f16s.inc: blocks of 2 warps, 6 per SM of an H200) */
+/* the streamed kernel's plan (attention_f16s.inc: blocks of 2 warps, 6 per SM of an H200; plan_call
+ * in attention.c) */
 #ifndef KIVI_F16S_BLOCKS
 #define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
-#endif
-#ifndef KIVI_F16S_MAXSPLITS
-#define KIVI_F16S_MAXSPLITS 64
 #endif
 #ifndef KIVI_F16S_MINSPLIT
 #define KIVI_F16S_MINSPLIT 128
