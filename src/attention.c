@@ -310,13 +310,15 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     int64_t fs;
     if (kivi_f16_streamed(HQ / H)) {
       /* the streamed kernel: splits of a power of two from KIVI_F16S_MINSPLIT to `split` tokens,
-       * the shortest that cut the longest row into at most 8 (fewer where the (row, chunk) pairs
-       * alone make a good part of KIVI_F16S_BLOCKS blocks: one split at a large batch), halved
-       * while fewer than KIVI_FAST_SMS / 2 blocks would run.  Measured on an H200 against the plan
-       * before (about 24 blocks per SM, splits down to 128 tokens): 4-29 % less time at 11 of the
-       * 12 decode-table shapes where they differ, 4.6 % more at MHA (1, 32768); fewer, longer
-       * splits pay each block's start and the combine less often (docs/PERF.md, round 34). */
-      const int64_t want = (KIVI_F16S_BLOCKS + nb - 1) / nb < 8 ? (KIVI_F16S_BLOCKS + nb - 1) / nb : 8;
+       * the shortest that cut the longest row into at most KIVI_F16S_SPLITS (fewer where the
+       * (row, chunk) pairs alone make a good part of KIVI_F16S_BLOCKS blocks: one split at a
+       * large batch), halved while fewer than KIVI_FAST_SMS / 2 blocks would run.  Measured on an
+       * H200 against the plan before (about 24 blocks per SM, splits down to 128 tokens): 4-29 %
+       * less time at 11 of the 12 decode-table shapes where they differ, 4.6 % more at MHA
+       * (1, 32768); fewer, longer splits pay each block's start and the combine less often
+       * (docs/PERF.md, round 34). */
+      const int64_t fill = (KIVI_F16S_BLOCKS + nb - 1) / nb;
+      const int64_t want = fill < KIVI_F16S_SPLITS ? fill : KIVI_F16S_SPLITS;
       const int64_t len = (maxLc + want - 1) / want;
       fs = KIVI_F16S_MINSPLIT;
       while (fs < len && fs < split) fs *= 2;

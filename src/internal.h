@@ -275,6 +275,7 @@ static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(
 #ifndef KIVI_F16S_BLOCKS
 #define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
 #endif
+#define KIVI_F16S_SPLITS 8 /* splits of the longest row the plan aims at, at most */
 #ifndef KIVI_F16S_MINSPLIT
 #define KIVI_F16S_MINSPLIT 128
 #endif
