@@ -84,7 +84,8 @@ typedef struct att_plan {
   int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
   int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
-  int gqa;                           /* the fast path's GQA kernel (attention_gqa.inc) */
+  int gqa;                           /* the fast path's GQA kernel: 0, or its query heads per block
+                                        (KIVI_GQA_NH: attention_gqa.inc; KIVI_GQA_ROWS_NH: attention_gqa_rows.inc) */
   int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
   int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 - sink */
   int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
@@ -358,9 +359,20 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
    * are at least KIVI_GQA_MIN_PAIRS such blocks per split and they, with splits down to 512
    * tokens, fill the GPU (2 per SM of an H200's 132); elsewhere the per-head kernel was faster
    * on the H200 (docs/PERF.md, round 8).  At head_dim 64 it is the only fast kernel. */
-  const int nkv = c->cfg.n_kv_heads, nqc = kivi_head_chunks(HQ / nkv, KIVI_GQA_NH);
-  const int64_t units = (int64_t)rows * nkv * nqc;
-  const int gqa = fast && kivi_gpu_gqa_layout(c, HQ) &&
+  /* With 2-bit keys and values and 5 or more query heads per kv-head, the rows kernel (chunks of
+   * 8: attention_gqa_rows.inc) where its 1024-token splits alone make a block per SM: on the H200
+   * it took 10-11 % less time than chunks of 4 at 28/4 and 64/8 (8, 32768), the same at 28/4
+   * (32, 4096), and 29 % more at (8, 4096), where the plan cut 512-token splits to fill the GPU
+   * (docs/PERF.md, round 35).  The GQA kernel is chosen as before: units counts chunks of 4. */
+  const int nkv = c->cfg.n_kv_heads, gsz = HQ / nkv;
+  const int gch = fast && kivi_gpu_gqa_rows(c, HQ) &&
+                          (int64_t)rows * nkv * kivi_head_chunks(gsz, KIVI_GQA_ROWS_NH) *
+                                  ((maxbeg + KIVI_GQA_SPLIT - 1) / KIVI_GQA_SPLIT) >= KIVI_FAST_SMS
+                      ? KIVI_GQA_ROWS_NH
+                      : KIVI_GQA_NH;
+  const int nqc = kivi_head_chunks(gsz, gch);
+  const int64_t units = (int64_t)rows * nkv * kivi_head_chunks(gsz, KIVI_GQA_NH);
+  const int gqa = fast && kivi_gpu_gqa_layout(c, HQ, gch) &&
                   (c->cfg.head_dim == 64 ||
                    (units >= KIVI_GQA_MIN_PAIRS && units * ((maxbeg + 511) / 512) >= 2 * KIVI_FAST_SMS));
   /* shorter fast splits when few blocks would leave SMs idle: the per-head kernel halves them
@@ -393,7 +405,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
   p.fs = fs;
   p.sink = sink;
-  p.gqa = gqa;
+  p.gqa = gqa ? gch : 0;
   p.f16 = 0;
   p.nf = nf;
   p.fused = fast && decode;

@@ -489,12 +489,24 @@ int kivi_gpu_fast_eligible(const kivi_cache *c) {
          f->group == 32 && (f->head_dim == FD || (f->head_dim == 64 && !KIVI_GQA_WARPS));
 }
 
-int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ) {
+/* the rows kernel (attention_gqa_rows.inc) takes 2-bit keys and values, head_dim 128 and
+ * KIVI_GQA_ROWS_MIN or more query heads per kv-head.  (At 4-bit keys it took 134 registers, 3
+ * blocks per SM, and 27-33 % more time than the kernel of chunks of 4 on the H200: docs/PERF.md,
+ * round 35.) */
+static int gqa_rows(const kivi_cache *c, int gsz) {
+  return !KIVI_GQA_WARPS && c->cfg.head_dim == FD && c->cfg.k_bits == 2 && c->cfg.v_bits == 2 &&
+         gsz >= KIVI_GQA_ROWS_MIN;
+}
+
+int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ, int chunk) {
   const int H = c->cfg.n_kv_heads, gsz = HQ / H, nqc = kivi_head_chunks(gsz, KIVI_GQA_NH);
   if (!kivi_gpu_fast_eligible(c) || HQ % H) return 0;
+  if (chunk == KIVI_GQA_ROWS_NH) return gqa_rows(c, gsz);
   if (KIVI_GQA_WARPS) return gsz == KIVI_GQA_NH && c->cfg.k_bits == c->cfg.v_bits;
   return c->cfg.head_dim == 64 || gsz >= 3 * nqc;
 }
+
+int kivi_gpu_gqa_rows(const kivi_cache *c, int HQ) { return gqa_rows(c, HQ / c->cfg.n_kv_heads); }
 
 /* Partials of the fast splits (fs tokens each, the last one of a row shorter): slots 0 .. nf-1
  * of part_o [rows][HQ][nslots][128] and part_ml [rows][HQ][nslots][2] (unnormalized o, max m
@@ -503,7 +515,8 @@ int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ) {
  * beyond a row's own Lf / fs get l = 0.  fused (out != NULL, decode calls): slot nf is the
  * row's tail [Lf, Lc), nslots = nf + 1, and the kernel combines into out (f32 or f16) with the
  * arrival counters cnt [rows][HQ] (zero between calls).  async: enqueued on the lane's
- * dependences (region_twice.inc). */
+ * dependences (region_twice.inc).  gqa: 0 the per-head kernel, KIVI_GQA_NH the GQA kernel
+ * (attention_gqa.inc), KIVI_GQA_ROWS_NH its rows kernel (attention_gqa_rows.inc). */
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                           int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane) {
@@ -516,6 +529,20 @@ void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int6
   const size_t sub = c->lay.sub_bytes, ksz_off = c->lay.ksz_off, vcode_off = c->lay.vcode_off,
                vsz_off = c->lay.vsz_off;
   const int dev = c->ctx->device;
+  if (gqa == KIVI_GQA_ROWS_NH) { /* one block per (row, kv-head, chunk of 8 query heads, split) */
+    const int nqc = kivi_head_chunks(gsz, KIVI_GQA_ROWS_NH), nblk = rows * H * nqc * nsf;
+    if (nblk <= 0) return;
+#if !KIVI_GQA_WARPS
+#define KIVI_REGION_FILE "attention_gqa_rows.inc"
+#define FKB 2
+#define FVB 2
+#include "region_twice.inc"
+#undef FVB
+#undef FKB
+#undef KIVI_REGION_FILE
+#endif
+    return;
+  }
   if (gqa) { /* one block per (row, kv-head, chunk of KIVI_GQA_NH query heads, split) */
     const int nqc = kivi_head_chunks(gsz, KIVI_GQA_NH), nblk = rows * H * nqc * nsf;
     if (nblk <= 0) return;
@@ -652,7 +679,13 @@ int kivi_gpu_f16_eligible(const kivi_cache *c) {
   (void)c;
   return 0;
 }
-int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ) {
+int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ, int chunk) {
+  (void)c;
+  (void)HQ;
+  (void)chunk;
+  return 0;
+}
+int kivi_gpu_gqa_rows(const kivi_cache *c, int HQ) {
   (void)c;
   (void)HQ;
   return 0;

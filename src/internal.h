@@ -235,14 +235,26 @@ int kivi_gpu_fast_eligible(const kivi_cache *c);
 #ifndef KIVI_GQA_MIN_SPLIT
 #define KIVI_GQA_MIN_SPLIT 512 /* the shortest GQA split the plan cuts where blocks are few */
 #endif
+/* The GQA kernel with the query heads as its MMA rows (attention_gqa_rows.inc): chunks of up to
+ * KIVI_GQA_ROWS_NH query heads, 2-bit keys and values, head_dim 128, where a kv-head has
+ * KIVI_GQA_ROWS_MIN or more (-DKIVI_GQA_ROWS_MIN=99 builds the library without it, for comparison) */
+#define KIVI_GQA_ROWS_NH 8
+#ifndef KIVI_GQA_ROWS_MIN
+#define KIVI_GQA_ROWS_MIN 5
+#endif
 #define KIVI_GQA_MIN_PAIRS 32 /* (row, kv-head, chunk) blocks per split below which the per-head kernel runs */
 /* The chunks of at most nh query heads that a kv-head's gsz query heads make (the GQA and fp16
  * kernels take a block per chunk; the last one may hold fewer heads). */
 static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh; }
-/* 1 where the GQA kernel takes HQ query heads over the cache's kv-heads: head_dim 64 (where it
- * is the only fast kernel), or 128 with chunks at least 3/4 full (gsz >= 3 nqc: 3, 4, 6, 7, 8,
- * 10, ... query heads per kv-head; elsewhere the per-head kernel does no more work) */
-int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ);
+/* 1 where a GQA kernel takes HQ query heads over the cache's kv-heads in chunks of `chunk`:
+ * KIVI_GQA_NH (attention_gqa.inc) at head_dim 64 (where it is the only fast kernel), or 128 with
+ * chunks at least 3/4 full (gsz >= 3 nqc: 3, 4, 6, 7, 8, 10, ... query heads per kv-head;
+ * elsewhere the per-head kernel does no more work); KIVI_GQA_ROWS_NH (the rows kernel) where
+ * kivi_gpu_gqa_rows holds. */
+int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ, int chunk);
+/* 1 where the rows kernel can take HQ query heads: 2-bit keys and values, head_dim 128,
+ * KIVI_GQA_ROWS_MIN or more query heads per kv-head (plan_call chooses it where it fills the GPU) */
+int kivi_gpu_gqa_rows(const kivi_cache *c, int HQ);
 void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                           int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
                           float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);

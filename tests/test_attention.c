@@ -430,6 +430,24 @@ END_TEST
  * kv-heads and HQ query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
  * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
  * set; the FP32 mode always runs the portable kernel. */
+/* The degenerate patterns of decode_degenerate_groups (below) applied to L tokens of keys k and
+ * values v: 0 a constant key channel, 1 a key channel of tiny values, 2 every 17th token's values
+ * constant, 3 all three, 5 an outlier key every 300 tokens in channel 9 (the caller zeroes q
+ * there); 4 (sharp attention) is the caller's q. */
+static void degrade_kv(const acase *a, int L, float *k, float *v, int pattern) {
+  for (int t = 0; t < L; ++t)
+    for (int h = 0; h < a->H; ++h) {
+      float *kr = k + ((size_t)t * a->H + h) * a->D, *vr = v + ((size_t)t * a->H + h) * a->D;
+      if (pattern == 0 || pattern == 3) kr[5] = 0.37f;
+      if (pattern == 1 || pattern == 3) kr[7] = (t & 1) ? 0x1p-24f : 0.0f;
+      if ((pattern == 2 || pattern == 3) && t % 17 == 0)
+        for (int d = 0; d < a->D; ++d) vr[d] = 1.25f;
+      if (pattern == 5 && t % 300 == 150) kr[9] = 3e4f;
+    }
+}
+
+/* sharp: 0 plain, 1 sharp attention, RC_DEGEN + p the degenerate pattern p (degrade_kv) */
+#define RC_DEGEN 2
 static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrows, const int *len, int gqa, int sharp) {
   const acase a = {D, H, HQ, kb, vb, 32, 128, 0};
   kivi_cache_config cfg;
@@ -443,12 +461,15 @@ static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrow
   int *ids = malloc(sizeof(int) * nrows);
   for (int s = 0; s < nrows; ++s) {
     make_kv(&a, len[s], 300 + (uint64_t)s, &k[s], &v[s]);
+    if (sharp >= RC_DEGEN) degrade_kv(&a, len[s], k[s], v[s], sharp - RC_DEGEN);
     append_all(c, s, len[s], k[s], v[s]);
     ids[s] = s;
   }
   const size_t qn = (size_t)a.HQ * a.D;
   float *q = tu_random(qn * nrows, 77, 1.0f), *out = malloc(sizeof(float) * qn * nrows);
-  if (sharp) /* sharp attention: q = 1.5 x the key of token len / 3 (as degenerate_case's pattern 4) */
+  if (sharp == RC_DEGEN + 5)
+    for (size_t i = 0; i < qn * nrows; i += a.D) q[i + 9] = 0.0f;
+  if (sharp == 1) /* sharp attention: q = 1.5 x the key of token len / 3 (as degenerate_case's pattern 4) */
     for (int s = 0; s < nrows; ++s)
       for (int hq = 0; hq < a.HQ; ++hq)
         for (int d = 0; d < a.D; ++d)
@@ -472,9 +493,10 @@ static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrow
     free(kd);
     free(vd);
   }
-  const double tol = kernel_tol(kernels, sharp);
+  const double tol = kernel_tol(kernels, sharp == 1);
   printf("%d rows, D%d, K%d V%d, %s mode%s, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, D,
-         kb, vb, mode ? "fp32" : "fast", sharp ? ", sharp" : "", a.HQ, a.H, kernel_name(kernels), worst, tol);
+         kb, vb, mode ? "fp32" : "fast", sharp == 1 ? ", sharp" : sharp ? ", degenerate" : "", a.HQ, a.H,
+         kernel_name(kernels), worst, tol);
   ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
   for (int s = 0; s < nrows; ++s) { free(k[s]); free(v[s]); }
   free(k); free(v); free(ids); free(q); free(out); free(ref);
@@ -507,20 +529,25 @@ START_TEST(decode_gqa_many_rows) {
 }
 END_TEST
 
-/* The GQA kernel's chunks of 4 query heads, head_dim 64 and mixed widths, for K and V 2-bit
- * (_i = 0), 4-bit (1), K4 V2 (2) and K2 V4 (3).  Head_dim 128: 28 over 4 (7 per kv-head: a chunk
- * of 4 and one of 3, 32 (row, kv-head, chunk) blocks per split), 64 over 8 (two full chunks), 24
- * over 8 (one chunk of 3); 40 over 8 (5 per kv-head: chunks less than 3/4 full) stays on the
- * per-head kernel.  Head_dim 64, where the GQA kernel is the only fast kernel at any batch:
+/* The GQA kernels' chunks of query heads, head_dim 64 and mixed widths, for K and V 2-bit
+ * (_i = 0), 4-bit (1), K4 V2 (2) and K2 V4 (3).  Head_dim 128: with 2-bit keys and values, 5 or
+ * more query heads per kv-head take the rows kernel (chunks of up to 8), the other widths chunks
+ * of 4: 28 over 4 (7 per kv-head; sharp attention and degenerate groups too), 64 over 8, 48 over
+ * 4 (12: chunks of 8 and 4, or three of 4), 24 over 8 (3 per kv-head: chunks of 4), and 40 over
+ * 8 (5 per kv-head: the rows kernel at 2 bits, else the per-head kernel, chunks of 4 being less
+ * than 3/4 full).  Head_dim 64, where the GQA kernel is the only fast kernel at any batch:
  * SmolLM2's 9 over 3 (sharp attention too), MHA 4 over 4 (chunks of one head), 8 over 1 (two
  * chunks), and one row. */
 START_TEST(decode_gqa_layouts) {
   const int len[] = {5000, 2048 + 128 + 5, 300, 9000};
   const int kb = _i == 0 || _i == 3 ? 2 : 4, vb = _i == 0 || _i == 2 ? 2 : 4;
   rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1, 0);
+  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1, 1);
   rows_case_d(128, kb, vb, 0, 8, 64, 4, len, 1, 0);
+  rows_case_d(128, kb, vb, 0, 4, 48, 4, len, 1, 0);
+  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1, RC_DEGEN + 3 + 2 * (_i & 1)); /* degenerate groups: patterns 3, 5 */
   rows_case_d(128, kb, vb, 0, 8, 24, 4, len, 1, 0);
-  rows_case_d(128, kb, vb, 0, 8, 40, 4, len, 0, 0);
+  rows_case_d(128, kb, vb, 0, 8, 40, 4, len, _i == 0, 0);
   rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 1, 0);
   rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 1, 1);
   rows_case_d(64, kb, vb, 0, 4, 4, 4, len, 1, 0);
@@ -567,15 +594,7 @@ static double degenerate_case(int D, int kb, int HQ, int L, int pattern) {
   float *k, *v;
   make_kv(&a, L, 1000 + (uint64_t)pattern, &k, &v);
   const int hot = L / 3; /* the sharp pattern's key */
-  for (int t = 0; t < L; ++t)
-    for (int h = 0; h < a.H; ++h) {
-      float *kr = k + ((size_t)t * a.H + h) * a.D, *vr = v + ((size_t)t * a.H + h) * a.D;
-      if (pattern == 0 || pattern == 3) kr[5] = 0.37f;
-      if (pattern == 1 || pattern == 3) kr[7] = (t & 1) ? 0x1p-24f : 0.0f;
-      if ((pattern == 2 || pattern == 3) && t % 17 == 0)
-        for (int d = 0; d < a.D; ++d) vr[d] = 1.25f;
-      if (pattern == 5 && t % 300 == 150) kr[9] = 3e4f;
-    }
+  degrade_kv(&a, L, k, v, pattern);
   append_all(c, 0, L, k, v);
   const size_t qn = (size_t)HQ * a.D;
   float *q = tu_random(qn, 77 + (uint64_t)pattern, 1.0f), *out = malloc(sizeof(float) * qn);
