@@ -426,14 +426,10 @@ START_TEST(decode_f16_out_and_device_pointers) {
 }
 END_TEST
 
-/* Rows of the paper configurations (kb-bit keys, vb-bit values, head_dim D, G=32, R=128), H
- * kv-heads and HQ query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
- * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
- * set; the FP32 mode always runs the portable kernel. */
 /* The degenerate patterns of decode_degenerate_groups (below) applied to L tokens of keys k and
  * values v: 0 a constant key channel, 1 a key channel of tiny values, 2 every 17th token's values
- * constant, 3 all three, 5 an outlier key every 300 tokens in channel 9 (the caller zeroes q
- * there); 4 (sharp attention) is the caller's q. */
+ * constant, 3 all three, 5 an outlier key every 300 tokens in channel 9 (degrade_q zeroes the
+ * queries there); 4 (sharp attention) is the caller's q. */
 static void degrade_kv(const acase *a, int L, float *k, float *v, int pattern) {
   for (int t = 0; t < L; ++t)
     for (int h = 0; h < a->H; ++h) {
@@ -446,9 +442,19 @@ static void degrade_kv(const acase *a, int L, float *k, float *v, int pattern) {
     }
 }
 
-/* sharp: 0 plain, 1 sharp attention, RC_DEGEN + p the degenerate pattern p (degrade_kv) */
+/* Pattern 5's queries (nvec vectors of D): channel 9, the outliers' channel, weighed 0. */
+static void degrade_q(float *q, size_t nvec, int D, int pattern) {
+  if (pattern == 5)
+    for (size_t i = 0; i < nvec; ++i) q[i * D + 9] = 0.0f;
+}
+
+/* Rows of the paper configurations (kb-bit keys, vb-bit values, head_dim D, G=32, R=128), H
+ * kv-heads and HQ query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
+ * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
+ * set; the FP32 mode always runs the portable kernel.  kind: 0 plain, 1 sharp attention,
+ * RC_DEGEN + p the degenerate pattern p (degrade_kv, degrade_q). */
 #define RC_DEGEN 2
-static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrows, const int *len, int gqa, int sharp) {
+static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrows, const int *len, int gqa, int kind) {
   const acase a = {D, H, HQ, kb, vb, 32, 128, 0};
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, 1, a.H, a.D, nrows, 9216);
@@ -461,15 +467,14 @@ static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrow
   int *ids = malloc(sizeof(int) * nrows);
   for (int s = 0; s < nrows; ++s) {
     make_kv(&a, len[s], 300 + (uint64_t)s, &k[s], &v[s]);
-    if (sharp >= RC_DEGEN) degrade_kv(&a, len[s], k[s], v[s], sharp - RC_DEGEN);
+    if (kind >= RC_DEGEN) degrade_kv(&a, len[s], k[s], v[s], kind - RC_DEGEN);
     append_all(c, s, len[s], k[s], v[s]);
     ids[s] = s;
   }
   const size_t qn = (size_t)a.HQ * a.D;
   float *q = tu_random(qn * nrows, 77, 1.0f), *out = malloc(sizeof(float) * qn * nrows);
-  if (sharp == RC_DEGEN + 5)
-    for (size_t i = 0; i < qn * nrows; i += a.D) q[i + 9] = 0.0f;
-  if (sharp == 1) /* sharp attention: q = 1.5 x the key of token len / 3 (as degenerate_case's pattern 4) */
+  if (kind >= RC_DEGEN) degrade_q(q, (size_t)a.HQ * nrows, a.D, kind - RC_DEGEN);
+  if (kind == 1) /* sharp attention: q = 1.5 x the key of token len / 3 (as degenerate_case's pattern 4) */
     for (int s = 0; s < nrows; ++s)
       for (int hq = 0; hq < a.HQ; ++hq)
         for (int d = 0; d < a.D; ++d)
@@ -493,9 +498,9 @@ static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrow
     free(kd);
     free(vd);
   }
-  const double tol = kernel_tol(kernels, sharp == 1);
+  const double tol = kernel_tol(kernels, kind == 1);
   printf("%d rows, D%d, K%d V%d, %s mode%s, HQ %d over %d: kernels %s, rel err %.2e (tolerance %.0e)\n", nrows, D,
-         kb, vb, mode ? "fp32" : "fast", sharp == 1 ? ", sharp" : sharp ? ", degenerate" : "", a.HQ, a.H,
+         kb, vb, mode ? "fp32" : "fast", kind == 1 ? ", sharp" : kind ? ", degenerate" : "", a.HQ, a.H,
          kernel_name(kernels), worst, tol);
   ck_assert_msg(worst <= tol, "rel err %.3g > %.1g", worst, tol);
   for (int s = 0; s < nrows; ++s) { free(k[s]); free(v[s]); }
@@ -598,8 +603,7 @@ static double degenerate_case(int D, int kb, int HQ, int L, int pattern) {
   append_all(c, 0, L, k, v);
   const size_t qn = (size_t)HQ * a.D;
   float *q = tu_random(qn, 77 + (uint64_t)pattern, 1.0f), *out = malloc(sizeof(float) * qn);
-  if (pattern == 5)
-    for (int hq = 0; hq < HQ; ++hq) q[(size_t)hq * a.D + 9] = 0.0f;
+  degrade_q(q, (size_t)HQ, a.D, pattern);
   if (pattern == 4)
     for (int hq = 0; hq < HQ; ++hq)
       for (int d = 0; d < a.D; ++d) q[(size_t)hq * a.D + d] = 1.5f * k[((size_t)hot * a.H + hq / (HQ / a.H)) * a.D + d];
