@@ -3,7 +3,7 @@
 read from its embedded device image (cubin): no GPU and no cuobjdump needed.
 
 Usage:
-  python3 scripts/kernel-regs.py FILE [SUBSTRING]
+  python3 scripts/kernel-regs.py FILE [SUBSTRING] [--cubin PREFIX]
 
 FILE is e.g. BUILD/.libs/libkivi-omp.so.1 of an `--enable-offload=nvptx` build; SUBSTRING keeps
 the kernels whose name contains it (e.g. `fast_decode`).  For every CUDA ELF image found in FILE
@@ -11,6 +11,11 @@ it prints, per kernel: registers per thread (the image's .nv.info attribute EIAT
 ptxas allocated them), the frame size in bytes (EIATTR_FRAME_SIZE; nonzero means a stack, e.g.
 spills or a local array) and the name.  Blocks per SM by registers: 65536 / (threads x
 registers, rounded up to 8), so 128 threads at 128 registers allow 4, at 129..168 3.
+
+--cubin PREFIX also writes image K, whole (sections and program headers), to PREFIX.K.cubin,
+for `cuobjdump -sass PREFIX.0.cubin` (scripts/sass-loops.py reads that listing).  cuobjdump
+warns that it switches to the old format: a build's images carry the older ELF header
+(tools/kivi-cubin-fix.c), and the listing is complete.  FILE may be such a cubin too.
 """
 import struct
 import sys
@@ -21,13 +26,13 @@ EIATTR_FRAME_SIZE, EIATTR_REGCOUNT = 0x11, 0x2F
 
 def images(data):
     """The CUDA ELF images inside data: (offset, bytes)."""
-    i = data.find(b"\x7fELF", 1)
+    i = data.find(b"\x7fELF")
     while i >= 0:
         if data[i + 4] == 2 and struct.unpack_from("<H", data, i + 0x12)[0] == EM_CUDA:
-            shoff, = struct.unpack_from("<Q", data, i + 0x28)
-            shentsize, shnum = struct.unpack_from("<HH", data, i + 0x3A)
-            end = i + shoff + shentsize * shnum
-            if 0 < end - i < len(data):
+            phoff, shoff = struct.unpack_from("<QQ", data, i + 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, i + 0x36)
+            end = i + max(shoff + shentsize * shnum, phoff + phentsize * phnum)  # the tables come last
+            if 0 < end - i <= len(data) - i:
                 yield i, data[i:end]
         i = data.find(b"\x7fELF", i + 4)
 
@@ -69,17 +74,31 @@ def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if len(sys.argv) >= 2 else 2
-    data = open(sys.argv[1], "rb").read()
-    want = sys.argv[2] if len(sys.argv) > 2 else ""
+    args, prefix = sys.argv[1:], None
+    if "--cubin" in args:
+        k = args.index("--cubin")
+        if k + 1 >= len(args):
+            print("--cubin needs a PREFIX", file=sys.stderr)
+            return 2
+        prefix = args[k + 1]
+        del args[k:k + 2]
+    if not args:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    data = open(args[0], "rb").read()
+    want = args[1] if len(args) > 1 else ""
     found = 0
     for off, img in images(data):
+        if prefix is not None:
+            with open("%s.%d.cubin" % (prefix, found), "wb") as f:
+                f.write(img)
         found += 1
         print("image at 0x%x (%d bytes)" % (off, len(img)))
         for name, attrs in sorted(kernels(img).items()):
             if want in name:
                 print("%4s regs  %4s frame  %s" % (attrs.get(EIATTR_REGCOUNT, "-"), attrs.get(EIATTR_FRAME_SIZE, "-"), name))
     if not found:
-        print("no CUDA device image in %s" % sys.argv[1], file=sys.stderr)
+        print("no CUDA device image in %s" % args[0], file=sys.stderr)
         return 1
     return 0
 

@@ -11,11 +11,9 @@ the script prints the loop it closes: first and last address, instructions, and 
 frequent opcodes.  Each --range LO:HI (hex addresses) prints the same for [LO, HI), e.g. one
 path of a loop body.
 
-The device image of an offload build, as ptxas compiled it (round 7 in docs/PERF.md):
-  cd /tmp/sass && cp BUILD/src/.libs/*.o . && clang-19 -O2 -fopenmp \\
-    -fopenmp-targets=nvptx64-nvidia-cuda --offload-arch=sm_90 --cuda-path=/usr/local/cuda \\
-    -foffload-lto -shared -fPIC *.o -o lib.so -save-temps
-  cuobjdump -sass lib.so.nvptx64-nvidia-cuda.sm_90.o > kernels.sass
+The device image of an offload build, as ptxas compiled it, taken out of the linked library:
+  python3 scripts/kernel-regs.py BUILD/.libs/libkivi-omp.so.1 --cubin /tmp/img
+  cuobjdump -sass /tmp/img.0.cubin > kernels.sass
 cuobjdump ships with the CUDA toolkit, or in the PyPI wheel nvidia-cuda-cuobjdump
 (`pip download nvidia-cuda-cuobjdump --no-deps`, then unzip).  The counts are per warp
 instruction of one pass through the code, not executed totals: Nsight Compute's source page

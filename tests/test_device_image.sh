@@ -3,7 +3,8 @@
 # offload flags), and when configure enabled the cubin ABI fix, every image is in the ABI that
 # LLVM 19's runtime loads.  Also checks the fixer itself on a copy: it must rewrite a CUDA-13
 # header and report a file without device code; and, where python3 is there, that
-# scripts/kernel-regs.py reads a register count for every decode kernel of the image.
+# scripts/kernel-regs.py reads a register count for every decode kernel of the image and writes
+# the image out whole (--cubin).
 set -eu
 b=${top_builddir:-.}
 lib=$b/.libs/libkivi-omp.so
@@ -42,4 +43,14 @@ if command -v python3 >/dev/null 2>&1; then
   bad=$(printf '%s\n' "$out" | awk '/ regs / && !($1 ~ /^[0-9]+$/ && $1 >= 16 && $1 <= 255)' | wc -l)
   [ "$n" -ge 8 ] && [ "$bad" -eq 0 ] || { echo "FAIL: kernel-regs.py: $n decode kernels, $bad without a count"; exit 1; }
   echo "kernel-regs.py: $n decode kernels, $(printf '%s\n' "$out" | awk '/ regs /{ if (!m || $1 < m) m = $1; if ($1 > x) x = $1 } END { print m "-" x }') registers"
+  # --cubin: the image written whole (its program headers too, for cuobjdump), and read back
+  python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$lib" --cubin "$t" >/dev/null ||
+    { echo "FAIL: kernel-regs.py --cubin"; exit 1; }
+  n2=$(python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$t.0.cubin" kivi_gpu_fast_decode | grep -c ' regs ' || true)
+  [ "$n2" = "$n" ] || { echo "FAIL: the written image holds $n2 decode kernels, the library $n"; rm -f "$t".*.cubin; exit 1; }
+  if command -v readelf >/dev/null 2>&1 && readelf -lW "$t.0.cubin" 2>&1 | grep -qi 'error'; then
+    echo "FAIL: the written image is cut short: $(readelf -lW "$t.0.cubin" 2>&1 | grep -i error | head -1)"; rm -f "$t".*.cubin; exit 1
+  fi
+  rm -f "$t".*.cubin
+  echo "kernel-regs.py --cubin: the image written whole, $n2 decode kernels read back"
 fi
