@@ -32,7 +32,7 @@ def images(data):
             phoff, shoff = struct.unpack_from("<QQ", data, i + 0x20)
             phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, i + 0x36)
             end = i + max(shoff + shentsize * shnum, phoff + phentsize * phnum)  # the tables come last
-            if 0 < end - i <= len(data) - i:
+            if i < end <= len(data):
                 yield i, data[i:end]
         i = data.find(b"\x7fELF", i + 4)
 

@@ -22,7 +22,7 @@ case $rc in
   *) echo "FAIL: no device image in $lib"; exit 1 ;;
 esac
 # the fixer on a synthetic file: a CUDA-13 ELF header (EM_CUDA, ABI 8, sm_90 in bits 8-15)
-t=$(mktemp); trap 'rm -f "$t"' EXIT
+t=$(mktemp); trap 'rm -f "$t" "$t".*.cubin' EXIT
 printf '\177ELF\002\001\001\101\010\000\000\000\000\000\000\000\002\000\276\000' > "$t"
 head -c 28 /dev/zero >> "$t"
 printf '\004\132\000\006' >> "$t"        # e_flags 0x06005a04 (little endian) at offset 48
@@ -47,10 +47,9 @@ if command -v python3 >/dev/null 2>&1; then
   python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$lib" --cubin "$t" >/dev/null ||
     { echo "FAIL: kernel-regs.py --cubin"; exit 1; }
   n2=$(python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$t.0.cubin" kivi_gpu_fast_decode | grep -c ' regs ' || true)
-  [ "$n2" = "$n" ] || { echo "FAIL: the written image holds $n2 decode kernels, the library $n"; rm -f "$t".*.cubin; exit 1; }
+  [ "$n2" = "$n" ] || { echo "FAIL: the written image holds $n2 decode kernels, the library $n"; exit 1; }
   if command -v readelf >/dev/null 2>&1 && readelf -lW "$t.0.cubin" 2>&1 | grep -qi 'error'; then
-    echo "FAIL: the written image is cut short: $(readelf -lW "$t.0.cubin" 2>&1 | grep -i error | head -1)"; rm -f "$t".*.cubin; exit 1
+    echo "FAIL: the written image is cut short: $(readelf -lW "$t.0.cubin" 2>&1 | grep -i error | head -1)"; exit 1
   fi
-  rm -f "$t".*.cubin
   echo "kernel-regs.py --cubin: the image written whole, $n2 decode kernels read back"
 fi
