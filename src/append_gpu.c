@@ -61,6 +61,19 @@ static inline kivi_u32x4 qa_ld16(const uint16_t *p) {
   return r;
 }
 static inline int qa_all(int p) { return __nvvm_vote_all_sync(0xffffffffu, p); }
+#elif defined(KIVI_SIMT_EMU) /* the test library's emulated GPU (tests/simt) */
+static inline uint32_t qa_h1(uint32_t a, uint32_t b, int mx) { /* min/max.NaN of one f16 */
+  const double x = kivi_simt_h2d(a), y = kivi_simt_h2d(b);
+  return isnan(x) || isnan(y) ? 0x7fffu : (mx ? x >= y : x <= y) ? a : b;
+}
+static inline uint32_t qa_min2(uint32_t a, uint32_t b) { return qa_h1(a & 0xffffu, b & 0xffffu, 0) | qa_h1(a >> 16, b >> 16, 0) << 16; }
+static inline uint32_t qa_max2(uint32_t a, uint32_t b) { return qa_h1(a & 0xffffu, b & 0xffffu, 1) | qa_h1(a >> 16, b >> 16, 1) << 16; }
+static inline kivi_u32x2 qa_ld8(const uint16_t *p) { return *(const kivi_u32x2 *)p; }
+static inline kivi_u32x4 qa_ld16(const uint16_t *p) { return *(const kivi_u32x4 *)p; }
+static inline int qa_all(int p) {
+  const uint32_t v = p != 0;
+  return kivi_simt_warp(KIVI_SIMT_BALLOT, &v, 1, NULL, 0)[0] == 0xffffffffu;
+}
 #else
 /* Host stubs: the host pass must see the same region body as the device pass; a bare region
  * never runs on the host (the launcher only calls it for a GPU context). */

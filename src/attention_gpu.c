@@ -184,6 +184,8 @@ static inline unsigned fk_arrive_acq_rel(unsigned *p) {
                    : "=r"(old) : "l"(p) : "memory");
   return old;
 }
+#elif defined(KIVI_SIMT_EMU) /* the test library's emulated GPU (tests/simt) */
+#include "simt_fk.h"
 #else
 /* Host stubs: the host pass must see the same region body (same captures) as the device pass;
  * a bare region never runs on the host (the launcher only calls it for a GPU context). */

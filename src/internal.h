@@ -14,6 +14,19 @@
 /* A pragma whose text is macro-expanded first (clauses such as KIVI_REGION_ASYNC below). */
 #define KIVI_PRAGMA_S(...) _Pragma(#__VA_ARGS__)
 #define KIVI_PRAGMA_X(...) KIVI_PRAGMA_S(__VA_ARGS__)
+/* A CUDA-like kernel: KIVI_BARE(teams, threads, clauses) { body } KIVI_REGION_END is the region
+ * `omp target teams ompx_bare num_teams(teams) thread_limit(threads) clauses`.  In the test
+ * library that emulates the GPU on the host (tests/simt, KIVI_SIMT_EMU) the body becomes a
+ * block (clang -fblocks) that the emulator runs once per thread of each team, at once, after
+ * the regions enqueued before it (taskwait): an order that the enqueued dependences allow. */
+#ifdef KIVI_SIMT_EMU
+#include "simt_emu.h"
+#define KIVI_BARE(nt, nth, ...) KIVI_PRAGMA(omp taskwait) kivi_simt_run((nt), (nth), ^
+#define KIVI_REGION_END );
+#else
+#define KIVI_BARE(nt, nth, ...) KIVI_PRAGMA_X(omp target teams ompx_bare num_teams(nt) thread_limit(nth) __VA_ARGS__)
+#define KIVI_REGION_END
+#endif
 
 /* Geometry of the loops that run with the runtime's default launch (append, copies).  Without
  * a thread_limit clause clang compiles such a loop for teams of 128 threads (a chunk of 128

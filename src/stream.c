@@ -36,7 +36,7 @@
 
 #include "internal.h"
 
-#if KIVI_HAVE_OFFLOAD && defined(__linux__)
+#if KIVI_HAVE_OFFLOAD && defined(__linux__) && !defined(KIVI_SIMT_EMU) /* not the emulated GPU (tests/simt) */
 #include <dlfcn.h>
 #include <omp.h>
 #include <pthread.h>
