@@ -41,7 +41,8 @@ static pthread_mutex_t simt_lock = PTHREAD_MUTEX_INITIALIZER;
 static simt_thread *th;
 static simt_warp_state *wp;
 static unsigned char *stacks;
-static int cap, nth, cur, bid, nteams_, b_arrived, b_line;
+static int cap, nth, cur, bid, nteams_, b_arrived, b_line, live; /* live: the team's threads not exited */
+static int *live_w; /* each warp's lanes not exited */
 static const char *b_file;
 static void (^body_)(void);
 
@@ -100,17 +101,10 @@ static void fault(const char *what, int t) {
 int kivi_simt_tid(void) { return cur; }
 int kivi_simt_bid(void) { return bid; }
 
-static void yield(void) { to_scheduler(); }
-
-static int live_in_warp(int w) {
-  int n = 0;
-  for (int l = 32 * w; l < 32 * w + 32 && l < nth; ++l) n += th[l].state != T_DONE;
-  return n;
-}
-static int live_in_team(void) {
-  int n = 0;
-  for (int i = 0; i < nth; ++i) n += th[i].state != T_DONE;
-  return n;
+/* the threads of [i0, i1) that wait in state st run again */
+static void release(int i0, int i1, int st) {
+  for (int i = i0; i < i1; ++i)
+    if (th[i].state == st) th[i].state = T_RUN;
 }
 
 static int same_site(const char *f1, int l1, const char *f2, int l2) {
@@ -125,14 +119,13 @@ void kivi_simt_sync(const char *file, int line) {
     fprintf(stderr, "simt: a barrier at %s:%d, the team's first arrival at %s:%d\n", file, line, b_file, b_line);
     fault("bar.sync reached at different places by the threads of a team", cur);
   }
-  if (++b_arrived == live_in_team()) {
+  if (++b_arrived == live) {
     b_arrived = 0;
-    for (int i = 0; i < nth; ++i)
-      if (th[i].state == T_WAITB) th[i].state = T_RUN;
+    release(0, nth, T_WAITB);
     return;
   }
   th[cur].state = T_WAITB;
-  yield();
+  to_scheduler();
 }
 
 static float simt_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -263,7 +256,7 @@ const uint32_t *kivi_simt_warp(int op, const uint32_t *in, int n, const char *fi
             W->file ? W->file : "-", W->line);
     fault("a warp's lanes reached different collectives", cur);
   }
-  if (++W->arrived == live_in_warp(w)) {
+  if (++W->arrived == live_w[w]) {
     const int nl = nth - 32 * w < 32 ? nth - 32 * w : 32;
     if (W->arrived != nl) fault("a warp collective after a lane of the warp exited", cur);
     if ((op == KIVI_SIMT_MMA || op == KIVI_SIMT_LDSM || op == KIVI_SIMT_LDSMT) && nl != 32)
@@ -271,11 +264,10 @@ const uint32_t *kivi_simt_warp(int op, const uint32_t *in, int n, const char *fi
     compute(W, par, nl);
     W->arrived = 0;
     ++W->gen;
-    for (int i = 32 * w; i < 32 * w + nl; ++i)
-      if (th[i].state == T_WAITW) th[i].state = T_RUN;
+    release(32 * w, 32 * w + nl, T_WAITW);
   } else {
     th[cur].state = T_WAITW;
-    yield();
+    to_scheduler();
   }
   return W->out[par][l];
 }
@@ -293,12 +285,11 @@ static void tramp(void) {
  * counts as arrived); a warp collective that its live lanes wait at is a fault */
 static void exited(int t) {
   const int w = t >> 5;
-  if (wp[w].arrived > 0 && wp[w].arrived == live_in_warp(w))
-    fault("a warp collective waits for a lane that exited", t);
-  if (b_arrived > 0 && b_arrived == live_in_team()) {
+  --live;
+  if (wp[w].arrived > 0 && wp[w].arrived == --live_w[w]) fault("a warp collective waits for a lane that exited", t);
+  if (b_arrived > 0 && b_arrived == live) {
     b_arrived = 0;
-    for (int i = 0; i < nth; ++i)
-      if (th[i].state == T_WAITB) th[i].state = T_RUN;
+    release(0, nth, T_WAITB);
   }
 }
 
@@ -312,11 +303,13 @@ void kivi_simt_run(int nteams, int nthreads, void (^body)(void)) {
   if (nthreads > cap) {
     free(th);
     free(wp);
+    free(live_w);
     free(stacks);
     th = calloc((size_t)nthreads, sizeof *th);
     wp = calloc((size_t)(nthreads + 31) / 32, sizeof *wp);
+    live_w = calloc((size_t)(nthreads + 31) / 32, sizeof *live_w);
     stacks = malloc((size_t)nthreads * SIMT_STACK);
-    if (!th || !wp || !stacks) {
+    if (!th || !wp || !live_w || !stacks) {
       fprintf(stderr, "simt: out of memory\n");
       abort();
     }
@@ -328,6 +321,8 @@ void kivi_simt_run(int nteams, int nthreads, void (^body)(void)) {
   for (bid = 0; bid < nteams; ++bid) {
     memset(wp, 0, (size_t)(nth + 31) / 32 * sizeof *wp);
     b_arrived = 0;
+    live = nth;
+    for (int w = 0; w < (nth + 31) / 32; ++w) live_w[w] = nth - 32 * w < 32 ? nth - 32 * w : 32;
     for (int i = 0; i < nth; ++i) {
       start_thread(i, stacks + (size_t)i * SIMT_STACK, SIMT_STACK);
       th[i].state = T_RUN;

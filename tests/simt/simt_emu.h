@@ -32,7 +32,7 @@ enum {
   KIVI_SIMT_MAXU,   /* in: value -> the warp's maximum (unsigned) */
   KIVI_SIMT_BALLOT, /* in: predicate -> the warp's ballot */
   KIVI_SIMT_BAR,    /* a warp barrier: nothing */
-  KIVI_SIMT_MMA,    /* in: a0..a3, b0, b1 -> d[0..3] (m16n8k16, f16 operands, no accumulator) */
+  KIVI_SIMT_MMA,    /* in: a0..a3, b0, b1, c0..c3 (fp32 bits) -> d[0..3] (m16n8k16, f16 operands) */
   KIVI_SIMT_LDSM,   /* in: a row's pointer (2 words) -> r[0..3] (ldmatrix .x4) */
   KIVI_SIMT_LDSMT   /* the same with .trans */
 };
