@@ -3,6 +3,7 @@
 
 Usage:
   python3 scripts/sass-loops.py SASS KERNEL [--range LO:HI ...]
+  python3 scripts/sass-loops.py --ncu CSV KERNEL [--per N]
 
 SASS is the text `cuobjdump -sass` prints for the device image; KERNEL is the end of the
 kernel's name (e.g. `fast_decode_l26` for the first kernel of attention_fast.inc's region, the
@@ -18,7 +19,14 @@ cuobjdump ships with the CUDA toolkit, or in the PyPI wheel nvidia-cuda-cuobjdum
 (`pip download nvidia-cuda-cuobjdump --no-deps`, then unzip).  The counts are per warp
 instruction of one pass through the code, not executed totals: Nsight Compute's source page
 gives those.
+
+With --ncu, CSV is Nsight Compute's source page of a profiled run (`ncu --set full
+--import-source yes -o R ...`, then `ncu -i R.ncu-rep --page source --csv --print-source sass`):
+for every loop of the kernel whose name ends with KERNEL, the warp-instructions it executed
+(divided by N, e.g. the 32-token groups the run read), its share of the stall samples, and its
+most executed opcodes.
 """
+import csv
 import collections
 import re
 import signal
@@ -52,7 +60,42 @@ def summary(label, body):
     print(f"{label}: {len(body)} instructions: {top}")
 
 
+def ncu_loops(path, name, per):
+    """Executed counts and stall samples of each loop, from an ncu source-page CSV."""
+    body, ins = None, None
+    with open(path, newline="") as f:
+        for row in csv.reader(f):
+            if row and row[0] == "Kernel Name":
+                body = [] if row[1].endswith(name) else None
+                if body is not None:
+                    ins = body
+            elif row and row[0] == "Address":
+                col = {h: i for i, h in enumerate(row)}
+            elif row and row[0].startswith("0x") and body is not None:
+                body.append((int(row[0], 16), row[col["Source"]].strip(),
+                             int(row[col["Instructions Executed"]] or 0),
+                             int(row[col["Warp Stall Sampling (All Samples)"]] or 0)))
+    if not ins:
+        sys.exit(f"no kernel matching '{name}' in {path}")
+    total, stalls = sum(x[2] for x in ins), sum(x[3] for x in ins) or 1
+    print(f"{name}: {total / per:.0f} warp-instructions executed per {per} ({total} in all)")
+    for i, (a, t, n, _) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", t)
+        if m and int(m.group(1), 16) <= a and n:
+            seg = [x for x in ins if int(m.group(1), 16) <= x[0] <= a]
+            c = collections.Counter()
+            for x in seg:
+                c[opcode(x[1])] += x[2]
+            top = ", ".join(f"{k} {v / per:.0f}" for k, v in c.most_common(10))
+            print(f"loop +{int(m.group(1), 16) - ins[0][0]:#x}-+{a - ins[0][0]:#x}: "
+                  f"{sum(x[2] for x in seg) / per:.0f} executed, "
+                  f"{100 * sum(x[3] for x in seg) / stalls:.1f} % of the stall samples: {top}")
+
+
 def main(argv):
+    if len(argv) >= 4 and argv[1] == "--ncu":
+        per = int(argv[5]) if len(argv) >= 6 and argv[4] == "--per" else 1
+        return ncu_loops(argv[2], argv[3], per)
     if len(argv) < 3:
         sys.exit(__doc__)
     ins = kernel_instructions(argv[1], argv[2])
