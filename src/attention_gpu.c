@@ -409,7 +409,8 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 #endif
 /* The GQA kernel's L1 prefetch distances: each warp asks for the 128-byte lines of the key group
  * it takes KIVI_GQA_PF iterations on, and of its value tile KIVI_GQA_VPF tiles on (prefetch.L1,
- * no register held while the lines arrive); 0 turns one off. */
+ * no register held while the lines arrive); 0 turns one off.  The rows kernel's value phase,
+ * whose warps take every 4th tile, asks for its next tile wherever it lies (KIVI_GQA_VPF != 0). */
 #ifndef KIVI_GQA_PF
 #define KIVI_GQA_PF 1
 #endif
