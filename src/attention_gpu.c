@@ -171,6 +171,7 @@ static inline uint32_t wmaxu(uint32_t u) {
   __asm__ volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(d) : "r"(u));
   return d;
 }
+/* 2^x for the softmax (x <= 0): a result below 2^-126, 2^-126 of the largest term, counts as 0 */
 static inline float fk_ex2(float x) { return __nvvm_ex2_approx_ftz_f(x); }
 static inline uint32_t fk_ballot(int pred) { return __nvvm_vote_ballot_sync(0xffffffffu, pred); }
 static inline void fk_sync(void) { __syncthreads(); }
