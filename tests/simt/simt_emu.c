@@ -286,7 +286,8 @@ static void tramp(void) {
 static void exited(int t) {
   const int w = t >> 5;
   --live;
-  if (wp[w].arrived > 0 && wp[w].arrived == --live_w[w]) fault("a warp collective waits for a lane that exited", t);
+  --live_w[w];
+  if (wp[w].arrived > 0 && wp[w].arrived == live_w[w]) fault("a warp collective waits for a lane that exited", t);
   if (b_arrived > 0 && b_arrived == live) {
     b_arrived = 0;
     release(0, nth, T_WAITB);
