@@ -60,6 +60,12 @@ def summary(label, body):
     print(f"{label}: {len(body)} instructions: {top}")
 
 
+def loop_start(a, text):
+    """The target of the instruction at address a if it is a backward branch (it closes a loop)."""
+    m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+    return int(m.group(1), 16) if m and int(m.group(1), 16) <= a else None
+
+
 def ncu_loops(path, name, per):
     """Executed counts and stall samples of each loop, from an ncu source-page CSV."""
     body, ins = None, None
@@ -79,15 +85,15 @@ def ncu_loops(path, name, per):
         sys.exit(f"no kernel matching '{name}' in {path}")
     total, stalls = sum(x[2] for x in ins), sum(x[3] for x in ins) or 1
     print(f"{name}: {total / per:.0f} warp-instructions executed per {per} ({total} in all)")
-    for i, (a, t, n, _) in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", t)
-        if m and int(m.group(1), 16) <= a and n:
-            seg = [x for x in ins if int(m.group(1), 16) <= x[0] <= a]
+    for a, t, n, _ in ins:
+        lo = loop_start(a, t)
+        if lo is not None and n:
+            seg = [x for x in ins if lo <= x[0] <= a]
             c = collections.Counter()
             for x in seg:
                 c[opcode(x[1])] += x[2]
             top = ", ".join(f"{k} {v / per:.0f}" for k, v in c.most_common(10))
-            print(f"loop +{int(m.group(1), 16) - ins[0][0]:#x}-+{a - ins[0][0]:#x}: "
+            print(f"loop +{lo - ins[0][0]:#x}-+{a - ins[0][0]:#x}: "
                   f"{sum(x[2] for x in seg) / per:.0f} executed, "
                   f"{100 * sum(x[3] for x in seg) / stalls:.1f} % of the stall samples: {top}")
 
@@ -104,9 +110,8 @@ def main(argv):
     index = {a: i for i, (a, _) in enumerate(ins)}
     print(f"{argv[2]}: {len(ins)} instructions")
     for i, (a, t) in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", t)
-        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in index:
-            lo = int(m.group(1), 16)
+        lo = loop_start(a, t)
+        if lo is not None and lo in index:
             summary(f"loop {lo:#x}-{a:#x}", ins[index[lo]:i + 1])
     args = argv[3:]
     for k in range(0, len(args), 2):
