@@ -408,15 +408,21 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 #ifndef KIVI_GQA_WARPS
 #define KIVI_GQA_WARPS 0
 #endif
-/* The GQA kernel's L1 prefetch distances: each warp asks for the 128-byte lines of the key group
- * it takes KIVI_GQA_PF iterations on, and of its value tile KIVI_GQA_VPF tiles on (prefetch.L1,
- * no register held while the lines arrive); 0 turns one off.  The rows kernel's value phase,
- * whose warps take every 4th tile, asks for its next tile wherever it lies (KIVI_GQA_VPF != 0). */
+/* The GQA kernels' L1 prefetch distances: each warp asks for the 128-byte lines of the key group
+ * it takes KIVI_GQA_PF iterations on, and (attention_gqa.inc) of its value tile KIVI_GQA_VPF
+ * tiles on (prefetch.L1, no register held while the lines arrive); 0 turns one off. */
 #ifndef KIVI_GQA_PF
 #define KIVI_GQA_PF 1
 #endif
 #ifndef KIVI_GQA_VPF
 #define KIVI_GQA_VPF 2
+#endif
+/* The rows kernel's value phase (attention_gqa_rows.inc): the stages of each warp's ring of
+ * 16-token tiles in shared memory, copied with cp.async KIVI_GQA_VRING - 1 tiles ahead of the one
+ * computed (2 to 3: the rings of 4 warps share 12 KB).  On an H100 the ring of 3 took 1-7 % less
+ * time than loading each tile at the top of its iteration (docs/PERF.md, round 37). */
+#ifndef KIVI_GQA_VRING
+#define KIVI_GQA_VRING 3
 #endif
 /* The power-of-two exponent that brings a largest magnitude m below 2^15 (0 for m = 0, within
  * fp32's exponents: the new tokens of an extend call, attention_new.inc), and the two f16 parts
