@@ -310,19 +310,27 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     const int64_t nb = (int64_t)rows * H * nqc;
     int64_t fs;
     if (kivi_f16_streamed(HQ / H)) {
-      /* the streamed kernel: splits of a power of two from KIVI_F16S_MINSPLIT to `split` tokens,
-       * the shortest that cut the longest row into at most KIVI_F16S_SPLITS (fewer where the
-       * (row, chunk) pairs alone make a good part of KIVI_F16S_BLOCKS blocks: one split at a
-       * large batch), halved while fewer than KIVI_FAST_SMS / 2 blocks would run.  Measured on an
-       * H200 against the plan before (about 24 blocks per SM, splits down to 128 tokens): 4-29 %
-       * less time at 11 of the 12 decode-table shapes where they differ, 4.6 % more at MHA
-       * (1, 32768); fewer, longer splits pay each block's start and the combine less often
-       * (docs/PERF.md, round 34). */
+      /* the streamed kernel: splits of a power of two from KIVI_F16S_MINSPLIT to
+       * KIVI_F16S_MAXSPLIT tokens, the shortest that cut the longest row into at most
+       * KIVI_F16S_SPLITS (fewer where the (row, chunk) pairs alone make a good part of
+       * KIVI_F16S_BLOCKS blocks: one split at a large batch), halved while fewer than
+       * KIVI_FAST_SMS / 2 blocks would run.  Measured on an H200 against the plan before (about
+       * 24 blocks per SM, splits down to 128 tokens): 4-29 % less time at 11 of the 12
+       * decode-table shapes where they differ, 4.6 % more at MHA (1, 32768); fewer, longer
+       * splits pay each block's start and the combine less often (docs/PERF.md, round 34).
+       * Splits longer than `split` tokens (rows of more than KIVI_F16S_SPLITS x `split`) only
+       * where all the call's blocks are resident at once (KIVI_F16S_WAVE) and make at least
+       * KIVI_F16S_FEW of them, halved down to `split` while they make fewer: on the H200 that
+       * took 28/4 and 32/8 at (8, 32768) and MHA at (1, 32768) from 1024- to 4096-token splits,
+       * 12-18 % less time; 32/8 at (1, 32768) keeps 1024 (4096 tokens: 64 blocks, 2.4x the
+       * time), MHA at (8, 32768) too (4096 tokens would make 2048 blocks; docs/PERF.md, round 38). */
       const int64_t fill = (KIVI_F16S_BLOCKS + nb - 1) / nb;
       const int64_t want = fill < KIVI_F16S_SPLITS ? fill : KIVI_F16S_SPLITS;
       const int64_t len = (maxLc + want - 1) / want;
       fs = KIVI_F16S_MINSPLIT;
-      while (fs < len && fs < split) fs *= 2;
+      while (fs < len && fs < KIVI_F16S_MAXSPLIT) fs *= 2;
+      if (fs > split && nb * ((maxLc + fs - 1) / fs) > KIVI_F16S_WAVE) fs = split;
+      while (fs > split && nb * ((maxLc + fs - 1) / fs) < KIVI_F16S_FEW) fs /= 2;
       while (fs > KIVI_F16S_MINSPLIT && nb * ((maxLc + fs - 1) / fs) < KIVI_FAST_SMS / 2) fs /= 2;
     } else {
       /* the two-phase kernel: about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM),

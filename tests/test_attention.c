@@ -101,8 +101,8 @@ static void append_all(kivi_cache *c, int seq, int L, const float *k, const floa
 
 /* Decode over a ragged batch; every row against the reference on the dequantized cache.  Also
  * reports (loosely bounded) the error against attention on the original fp32 K/V. */
-static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed) {
-  kivi_cache *c = make_cache(a, nseq, 4096);
+static void decode_case_max(const acase *a, int nseq, const int *len, uint64_t seed, int maxlen) {
+  kivi_cache *c = make_cache(a, nseq, maxlen);
   float **k = malloc(sizeof(float *) * nseq), **v = malloc(sizeof(float *) * nseq);
   for (int s = 0; s < nseq; ++s) {
     make_kv(a, len[s], seed + 10 * (uint64_t)s, &k[s], &v[s]);
@@ -145,6 +145,7 @@ static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed)
   free(k); free(v); free(q); free(out); free(ids); free(ref);
   kivi_cache_destroy(c);
 }
+static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed) { decode_case_max(a, nseq, len, seed, 4096); }
 
 START_TEST(decode_boundary_lengths) {
   /* K and V 2-bit (_i = 0), 4-bit (1), K4 V2 (2), K2 V4 (3): on a GPU all take the fast path
@@ -654,6 +655,22 @@ START_TEST(decode_f16_cache) {
 }
 END_TEST
 
+/* The fp16 cache's decode on a GPU with splits longer than 1024 tokens: rows of more than 8192
+ * tokens, whose blocks the plan keeps resident at once (10 rows of 4 kv-heads, 32 query heads,
+ * the longest 20000 tokens: 5 splits of 4096, 200 blocks; 9 rows: fewer than 198 blocks, so 10
+ * splits of 2048).  The rows are ragged, so blocks past a row's end write empty partials.  It
+ * runs where the context is on a GPU, the emulated one (tests/simt) included; on the host it
+ * would be the portable kernel of the cases above with 400 MB of cache, and is not run. */
+START_TEST(decode_f16_long_splits) {
+  kivi_context_info info;
+  ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
+  if (!info.on_gpu) return;
+  const int lens[] = {20000, 1, 16385, 12288, 129, 8193, 4097, 2049, 700, 19999};
+  const acase a = {128, 4, 32, 16, 16, 32, 128, 0};
+  decode_case_max(&a, _i ? 9 : 10, lens, 900 + (uint64_t)_i, 20000);
+}
+END_TEST
+
 /* A sequence's decode depends only on its own tokens: seq 0 of a cache where seq 1 holds values
  * 3,000 times larger (appended first), and seq 0 of a cache where seq 0 held such values before
  * kivi_cache_reset_seq, give the output of seq 0 in a cache of its own, bit for bit (the GPU
@@ -754,6 +771,7 @@ int main(void) {
   if (all) tcase_add_loop_test(tc, decode_single_block_rows, 0, 2);
   tcase_add_test(tc, decode_degenerate_groups);
   tcase_add_loop_test(tc, decode_f16_cache, 0, all ? 2 : 1);
+  tcase_add_loop_test(tc, decode_f16_long_splits, 0, 2);
   tcase_add_loop_test(tc, decode_seq_isolated, 0, 4);
   tcase_add_test(tc, bad_arguments);
   suite_add_tcase(s, tc);
