@@ -327,11 +327,13 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
       const int64_t fill = (KIVI_F16S_BLOCKS + nb - 1) / nb;
       const int64_t want = fill < KIVI_F16S_SPLITS ? fill : KIVI_F16S_SPLITS;
       const int64_t len = (maxLc + want - 1) / want;
+#define F16S_BLOCKS(fs) (nb * ((maxLc + (fs) - 1) / (fs))) /* the call's blocks with splits of fs */
       fs = KIVI_F16S_MINSPLIT;
       while (fs < len && fs < KIVI_F16S_MAXSPLIT) fs *= 2;
-      if (fs > split && nb * ((maxLc + fs - 1) / fs) > KIVI_F16S_WAVE) fs = split;
-      while (fs > split && nb * ((maxLc + fs - 1) / fs) < KIVI_F16S_FEW) fs /= 2;
-      while (fs > KIVI_F16S_MINSPLIT && nb * ((maxLc + fs - 1) / fs) < KIVI_FAST_SMS / 2) fs /= 2;
+      if (fs > split && F16S_BLOCKS(fs) > KIVI_F16S_WAVE) fs = split;
+      while (fs > split && F16S_BLOCKS(fs) < KIVI_F16S_FEW) fs /= 2;
+      while (fs > KIVI_F16S_MINSPLIT && F16S_BLOCKS(fs) < KIVI_FAST_SMS / 2) fs /= 2;
+#undef F16S_BLOCKS
     } else {
       /* the two-phase kernel: about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM),
        * splits of 256 to `split` tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them
