@@ -323,9 +323,17 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
        * KIVI_F16S_FEW of them, halved down to `split` while they make fewer: on the H200 that
        * took 28/4 and 32/8 at (8, 32768) and MHA at (1, 32768) from 1024- to 4096-token splits,
        * 12-18 % less time; 32/8 at (1, 32768) keeps 1024 (4096 tokens: 64 blocks, 2.4x the
-       * time), MHA at (8, 32768) too (4096 tokens would make 2048 blocks; docs/PERF.md, round 38). */
+       * time), MHA at (8, 32768) too (4096 tokens would make 2048 blocks; docs/PERF.md, round 38).
+       * Where the (row, chunk) pairs alone make KIVI_F16S_FEW blocks and the rows are longer than
+       * KIVI_F16S_ONE tokens, the plan aims at one split per row (kept where its blocks are all
+       * resident at once, as above): with the split forced, 32/8 (32, 4096) took 12 % less time
+       * on an H200 and 8 % less on an H100 with 4096 tokens (256 blocks) than with 512 (2048
+       * blocks), MHA (8, 4096) 4.5 % less on an H100; with fewer pairs one split lost (H100:
+       * 32/8 (16, 4096), 128 blocks, +5 %; 9/3 (32, 4096), 96 blocks, +53 %; round 39). */
       const int64_t fill = (KIVI_F16S_BLOCKS + nb - 1) / nb;
-      const int64_t want = fill < KIVI_F16S_SPLITS ? fill : KIVI_F16S_SPLITS;
+      const int64_t want = nb >= KIVI_F16S_FEW && maxLc > KIVI_F16S_ONE ? 1
+                           : fill < KIVI_F16S_SPLITS                    ? fill
+                                                                        : KIVI_F16S_SPLITS;
       const int64_t len = (maxLc + want - 1) / want;
 #define F16S_BLOCKS(fs) (nb * ((maxLc + (fs) - 1) / (fs))) /* the call's blocks with splits of fs */
       fs = KIVI_F16S_MINSPLIT;

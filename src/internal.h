@@ -304,6 +304,7 @@ static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(
 #define KIVI_F16S_MAXSPLIT 4096                 /* the longest split it makes */
 #define KIVI_F16S_WAVE (6 * KIVI_FAST_SMS)      /* its blocks resident at once (head_dim 128) */
 #define KIVI_F16S_FEW (3 * KIVI_FAST_SMS / 2)   /* fewer blocks than this: splits above 1024 halved */
+#define KIVI_F16S_ONE 2048 /* rows longer than this take one split where the pairs make KIVI_F16S_FEW blocks */
 #ifndef KIVI_F16S_MINSPLIT
 #define KIVI_F16S_MINSPLIT 128
 #endif

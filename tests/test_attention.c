@@ -655,16 +655,25 @@ START_TEST(decode_f16_cache) {
 }
 END_TEST
 
-/* The fp16 cache's decode on a GPU with splits longer than 1024 tokens: rows of more than 8192
- * tokens, whose blocks the plan keeps resident at once (10 rows of 4 kv-heads, 32 query heads,
- * the longest 20000 tokens: 5 splits of 4096, 200 blocks; 9 rows: fewer than 198 blocks, so 10
- * splits of 2048).  The rows are ragged, so blocks past a row's end write empty partials.  It
- * runs where the context is on a GPU, the emulated one (tests/simt) included; on the host it
- * would be the portable kernel of the cases above with 400 MB of cache, and is not run. */
+/* The fp16 cache's decode on a GPU with splits longer than 1024 tokens.  _i 0, 1: rows of more
+ * than 8192 tokens, whose blocks the plan keeps resident at once (10 rows of 4 kv-heads, 32 query
+ * heads, the longest 20000 tokens: 5 splits of 4096, 200 blocks; 9 rows: fewer than 198 blocks,
+ * so 10 splits of 2048).  _i 2: 25 rows of 8 kv-heads (MHA, head_dim 64), 200 (row, head) pairs,
+ * the longest 4096 tokens: one split of 4096 per row.  The rows are ragged, so blocks past a
+ * row's end write empty partials.  It runs where the context is on a GPU, the emulated one
+ * (tests/simt) included; on the host it would be the portable kernel of the cases above with
+ * 400 MB of cache, and is not run. */
 START_TEST(decode_f16_long_splits) {
   kivi_context_info info;
   ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
   if (!info.on_gpu) return;
+  if (_i == 2) {
+    int lens[25];
+    for (int s = 0; s < 25; ++s) lens[s] = s == 3 ? 4096 : s % 5 == 1 ? 1 + s : 2049 + 61 * s;
+    const acase a = {64, 8, 8, 16, 16, 32, 128, 0};
+    decode_case(&a, 25, lens, 950);
+    return;
+  }
   const int lens[] = {20000, 1, 16385, 12288, 129, 8193, 4097, 2049, 700, 19999};
   const acase a = {128, 4, 32, 16, 16, 32, 128, 0};
   decode_case_max(&a, _i ? 9 : 10, lens, 900 + (uint64_t)_i, 20000);
@@ -771,7 +780,7 @@ int main(void) {
   if (all) tcase_add_loop_test(tc, decode_single_block_rows, 0, 2);
   tcase_add_test(tc, decode_degenerate_groups);
   tcase_add_loop_test(tc, decode_f16_cache, 0, all ? 2 : 1);
-  tcase_add_loop_test(tc, decode_f16_long_splits, 0, 2);
+  tcase_add_loop_test(tc, decode_f16_long_splits, 0, 3);
   tcase_add_loop_test(tc, decode_seq_isolated, 0, 4);
   tcase_add_test(tc, bad_arguments);
   suite_add_tcase(s, tc);

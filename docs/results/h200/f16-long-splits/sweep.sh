@@ -1,7 +1,8 @@
 #!/bin/bash
 # sweep.sh BUILD OUT SET: fp16-cache decode GPU time (ncu, GPU's own clocks, median of the 5 timed
 # launches) for forced split lengths (KIVI_TUNE_F16_FS of the measurement build, tune.patch) at
-# each shape.  SET 1 (call 1, with the DRAM throughput) or 2 (call 2; the runs were those of two scripts, merged here); BUDGET seconds in all.
+# each shape.  SET 1 (call 1, with the DRAM throughput) or 2 (call 2; the runs were those of two scripts, merged here),
+# 3 (large batches, rows of 4096 tokens: ../../h100/f16-batch-splits, run on an H100); BUDGET seconds in all.
 b=$1; O=$2; set=$3; o=$O/sweep; mkdir -p $o
 export LD_LIBRARY_PATH=$PWD/$b/.libs:$LD_LIBRARY_PATH
 ncu=/usr/local/cuda/bin/ncu; end=$((SECONDS + ${BUDGET:-300}))
@@ -36,6 +37,12 @@ if [ "$set" = 1 ]; then
   run "1,32,32768 8 128" 1536 2048 4096
   run "1,32,32768 32 128" 512 768 2048 4096
   run "1,32,4096 8 128" 192 320 384
+elif [ "$set" = 3 ]; then
+  run "32,32,4096 8 128" 4096
+  run "8,32,4096 32 128" 4096 2048
+  run "16,32,4096 8 128" 4096
+  run "8,32,4096 8 128" 1024
+  run "32,9,4096 3 64" 4096
 else
   run "8,28,32768 4 128" 2048 2560 3072 4096
   run "8,64,32768 8 128" 2048 3072 4096
