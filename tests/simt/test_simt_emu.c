@@ -94,6 +94,36 @@ START_TEST(mma_fragments) {
 }
 END_TEST
 
+/* The accumulation the emulator takes from the H100/H200 (simt_emu.c, mma_sum): c + the 16
+ * products of A = a everywhere and B[k][n] = b for k < nk (0 past it), c = +-1: each product
+ * truncated toward zero at 2^-25 (a quarter of the fp32 ulp of 1), the sum truncated to fp32 */
+static float acc_out[3][32][4];
+START_TEST(mma_accumulation) {
+  static const double a[3] = {0x1p-13, 0x1p-13, 0x1p-12}, b[3] = {0x1p-13, 0x1p-12, 0x1p-12};
+  static const int nk[3] = {16, 7, 16};
+  for (int c = 0; c < 3; ++c)
+    kivi_simt_run(1, 32, ^{
+      const int l = kivi_simt_tid(), t = l & 3;
+      const uint32_t aw = simt_pack(a[c], a[c]);
+      const uint32_t b0 = simt_pack(2 * t < nk[c] ? b[c] : 0.0, 2 * t + 1 < nk[c] ? b[c] : 0.0),
+                     b1 = simt_pack(2 * t + 8 < nk[c] ? b[c] : 0.0, 2 * t + 9 < nk[c] ? b[c] : 0.0);
+      float d[4] = {1.0f, -1.0f, 1.0f, -1.0f};
+      mma16816(d, aw, aw, aw, aw, b0, b1);
+      memcpy(acc_out[c][l], d, sizeof d);
+    });
+  /* c = 1: 16 products of 2^-26, each truncated to 0 (rounded to nearest once: 1 + 2^-22); 7
+   * of 2^-25 kept, 1 + 7 2^-25 truncated to 1 + 2^-23 (to nearest: 1 + 2^-22); 16 of 2^-24:
+   * 1 + 2^-20 exactly.  c = -1: -1; -1 + 7 2^-25 to -1 + 2^-22 (its magnitude truncated to a
+   * multiple of 2^-24); -1 + 2^-20 */
+  static const float want[3][2] = {{1.0f, -1.0f}, {1.0f + 0x1p-23f, -1.0f + 0x1p-22f}, {1.0f + 0x1p-20f, -1.0f + 0x1p-20f}};
+  for (int c = 0; c < 3; ++c)
+    for (int l = 0; l < 32; ++l)
+      for (int i = 0; i < 4; ++i)
+        ck_assert_msg(acc_out[c][l][i] == want[c][i & 1], "case %d lane %d d[%d]: %a, want %a", c, l, i,
+                      (double)acc_out[c][l][i], (double)want[c][i & 1]);
+}
+END_TEST
+
 /* ldmatrix .x4: four 8 x 8 matrices of u16, element (i, row, col) = 256 i + 16 row + col */
 static uint16_t lm[4][8][8];
 static uint32_t lm_out[2][32][4];
@@ -204,6 +234,7 @@ int main(void) {
   tcase_add_test(tc, f16_rounding);
   tcase_add_test(tc, permutes_and_f16x2);
   tcase_add_test(tc, mma_fragments);
+  tcase_add_test(tc, mma_accumulation);
   tcase_add_test(tc, ldmatrix_fragments);
   tcase_add_test(tc, shuffles_votes_barriers);
   tcase_add_test(tc, faults);
