@@ -143,6 +143,29 @@ static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src)
   __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(a), "l"(src) : "memory");
 }
 static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { fk_cp16s(fk_saddr(dst), src); }
+/* A 16-token unit's keys and values at head_dim 128 in one statement (attention_f16s.inc): row pair i
+ * (0..7) of the lane's copies goes from k + 512 i and v + 512 i to the shared addresses s[i % 4] +
+ * 512 i and that + 4096, each address one base register and an immediate offset, so that the 16
+ * copies hold no address registers of their own. */
+static inline __attribute__((unused)) void fk_cp16s_unit128(const uint32_t *s, const void *k, const void *v) {
+  __asm__ volatile("cp.async.cg.shared.global [%0], [%4], 16;\n\t"
+                   "cp.async.cg.shared.global [%1+512], [%4+512], 16;\n\t"
+                   "cp.async.cg.shared.global [%2+1024], [%4+1024], 16;\n\t"
+                   "cp.async.cg.shared.global [%3+1536], [%4+1536], 16;\n\t"
+                   "cp.async.cg.shared.global [%0+2048], [%4+2048], 16;\n\t"
+                   "cp.async.cg.shared.global [%1+2560], [%4+2560], 16;\n\t"
+                   "cp.async.cg.shared.global [%2+3072], [%4+3072], 16;\n\t"
+                   "cp.async.cg.shared.global [%3+3584], [%4+3584], 16;\n\t"
+                   "cp.async.cg.shared.global [%0+4096], [%5], 16;\n\t"
+                   "cp.async.cg.shared.global [%1+4608], [%5+512], 16;\n\t"
+                   "cp.async.cg.shared.global [%2+5120], [%5+1024], 16;\n\t"
+                   "cp.async.cg.shared.global [%3+5632], [%5+1536], 16;\n\t"
+                   "cp.async.cg.shared.global [%0+6144], [%5+2048], 16;\n\t"
+                   "cp.async.cg.shared.global [%1+6656], [%5+2560], 16;\n\t"
+                   "cp.async.cg.shared.global [%2+7168], [%5+3072], 16;\n\t"
+                   "cp.async.cg.shared.global [%3+7680], [%5+3584], 16;"
+                   : : "r"(s[0]), "r"(s[1]), "r"(s[2]), "r"(s[3]), "l"(k), "l"(v) : "memory");
+}
 static inline __attribute__((unused)) void fk_cp_commit(void) { __asm__ volatile("cp.async.commit_group;" : : : "memory"); }
 #define fk_cp_wait(n) __asm__ volatile("cp.async.wait_group %0;" : : "n"(n) : "memory")
 /* Four 8 x 8 matrices of 16-bit elements from shared memory (ldmatrix, sm_75+): lane l gives the
@@ -204,6 +227,9 @@ static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uin
 static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
 static inline __attribute__((unused)) uint32_t fk_saddr(const void *p) { return (uint32_t)(uintptr_t)p; }
 static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src) { (void)a; (void)src; }
+static inline __attribute__((unused)) void fk_cp16s_unit128(const uint32_t *s, const void *k, const void *v) {
+  (void)s; (void)k; (void)v;
+}
 static inline __attribute__((unused)) void fk_cp_commit(void) {}
 #define fk_cp_wait(n) ((void)(n))
 static inline __attribute__((unused)) void fk_ldsm4(uint32_t *r, const void *p) {

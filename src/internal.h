@@ -295,14 +295,25 @@ static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(
 #define KIVI_F16_SPLIT(nh) (8192 / (nh)) /* s_p: nh x split floats */
 #define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
 #define KIVI_F16_MAXSPLITS 32
-/* the streamed kernel's plan (attention_f16s.inc: blocks of 2 warps, 6 per SM of an H200; plan_call
- * in attention.c) */
+/* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
+ * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
+ * for measurement (docs/PERF.md, round 41) */
+#ifndef KIVI_F16S_NW
+#define KIVI_F16S_NW 2
+#endif
+/* 1: the streamed kernel copies a unit wholly in the pool at head_dim 128 in one statement
+ * (fk_cp16s_unit128: 253 instructions a unit instead of 429), a build for measurement (docs/PERF.md,
+ * round 41) */
+#ifndef KIVI_F16S_ROWS8
+#define KIVI_F16S_ROWS8 0
+#endif
+/* the streamed kernel's plan (plan_call in attention.c) */
 #ifndef KIVI_F16S_BLOCKS
 #define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
 #endif
 #define KIVI_F16S_SPLITS 8 /* splits of the longest row the plan aims at, at most */
 #define KIVI_F16S_MAXSPLIT 4096                 /* the longest split it makes */
-#define KIVI_F16S_WAVE (6 * KIVI_FAST_SMS)      /* its blocks resident at once (head_dim 128) */
+#define KIVI_F16S_WAVE (12 / KIVI_F16S_NW * KIVI_FAST_SMS) /* its blocks resident at once (head_dim 128) */
 #define KIVI_F16S_FEW (3 * KIVI_FAST_SMS / 2)   /* fewer blocks than this: splits above 1024 halved */
 #define KIVI_F16S_ONE 2048 /* rows longer than this take one split where the pairs make KIVI_F16S_FEW blocks */
 #ifndef KIVI_F16S_MINSPLIT
