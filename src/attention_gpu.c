@@ -72,6 +72,7 @@ static inline uint32_t fk_u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; 
 static inline float fk_p2(int n) { return fk_f((uint32_t)(n + 127) << 23); }
 static inline int fk_ceil_exp(float x) { return (int)((fk_u(x) >> 23) & 255) - 126; } /* 2^e > x > 0 */
 typedef unsigned fk_v4u __attribute__((ext_vector_type(4)));
+typedef float fk_v4f __attribute__((ext_vector_type(4)));
 typedef unsigned fk_v2u __attribute__((ext_vector_type(2)));
 typedef unsigned fk_v2u_a __attribute__((ext_vector_type(2), may_alias));
 #if defined(__NVPTX__)

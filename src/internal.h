@@ -307,6 +307,11 @@ static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(
 #ifndef KIVI_F16S_ROWS8
 #define KIVI_F16S_ROWS8 0
 #endif
+/* 1: the streamed kernel's combine takes 4 channels a thread with one 16-byte load a slot, a build
+ * for measurement (docs/PERF.md, round 41) */
+#ifndef KIVI_F16S_CVEC
+#define KIVI_F16S_CVEC 0
+#endif
 /* the streamed kernel's plan (plan_call in attention.c) */
 #ifndef KIVI_F16S_BLOCKS
 #define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
