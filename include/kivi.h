@@ -179,11 +179,11 @@ typedef enum kivi_dtype {
 /** Which attention kernel a cache may use. */
 typedef enum kivi_attention_mode {
   KIVI_ATTENTION_FAST = 0, /**< fastest kernel available: on a GPU, for 2-bit or 4-bit keys and values
-                              (each: K4 V2 too), head_dim 128, G = 32 and R a power of two >= 32, an f16x2
-                              kernel (fp16-attention accuracy: about 1e-3 of max |output|; the
-                              logits within 2^10 of a split's maximum are computed again in fp32,
-                              so sharp attention holds that too, except on its GQA variant, up to
-                              1e-2 there); for 16-bit K/V (the fp16 cache), head_dim 64 or 128 and
+                              (each: K4 V2 too), head_dim 64 or 128, G = 32 and R a power of two >= 32,
+                              a tensor-core kernel of fp16-attention accuracy (within 2e-3 of
+                              max |output|, sharp attention and keys with outlier channels
+                              included: q * scale carried in 22 bits, p * scale in one f16, fp32
+                              accumulation); for 16-bit K/V (the fp16 cache), head_dim 64 or 128 and
                               R a power of two >= 32, a tensor-core decode kernel of fp32-class
                               accuracy */
   KIVI_ATTENTION_FP32 = 1  /**< always the portable kernel: fp32 accumulation (about 1e-6 relative) */
@@ -243,10 +243,8 @@ typedef struct kivi_cache_config {
  * times its largest element): the append then fails with ::KIVI_ERR_NONFINITE, as for any
  * input beyond fp16.  kivi_cache_export_seq() and checkpoints hold the rotated tensors; a
  * checkpoint records the rotation and loads only into a cache with the same one.  On a GPU the
- * rotations of q and of the outputs are one small kernel each around the decode kernels.  The
- * f16x2 kernel (::KIVI_ATTENTION_FAST) sums products in fp16 with an error that grows with
- * sum |q_c k_c|, which a rotation raises for keys with outlier channels (up to 4.5e-3 of
- * max |output| measured, 1.9e-3 without rotation); ::KIVI_ATTENTION_FP32 is unaffected. */
+ * rotations of q and of the outputs are one small kernel each around the decode kernels; the
+ * decode kernels keep their accuracy class on rotated caches. */
 typedef enum kivi_rotation {
   KIVI_ROTATE_NONE = 0, /**< keys and values stored as given */
   KIVI_ROTATE_K = 1,    /**< keys (and queries) rotated */
@@ -447,14 +445,12 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
 /* Kernels that computed the last successful attention call of a cache (a bit mask), so a caller
  * can tell which code path and accuracy class produced a result. */
 #define KIVI_KERNEL_PORTABLE 1u  /**< the portable OpenMP kernel (GPU or host threads), fp32 */
-#define KIVI_KERNEL_GPU_F16X2 2u /**< the GPU f16x2 kernels (::KIVI_ATTENTION_FAST, 2- or 4-bit keys and values,
-                                  * head_dim 64 or 128, G 32): a whole decode call, or the quantized part of an
-                                  * extend call */
-#define KIVI_KERNEL_GPU_GQA 4u   /**< with ::KIVI_KERNEL_GPU_F16X2 (same accuracy class): its tensor-core
-                                  * variant, one block per (row, kv-head, chunk of up to 4 query heads, split):
-                                  * always at head_dim 64; at 128 for 3 or more query heads per kv-head in
-                                  * chunks at least 3/4 full, with 32 or more (row, kv-head, chunk) blocks per
-                                  * split that fill the GPU */
+#define KIVI_KERNEL_GPU_F16X2 2u /**< the GPU kernel of 2- and 4-bit caches (::KIVI_ATTENTION_FAST, head_dim 64
+                                  * or 128, G 32), fp16-attention accuracy class: a whole decode call, or the
+                                  * quantized part of an extend call; always reported with ::KIVI_KERNEL_GPU_GQA */
+#define KIVI_KERNEL_GPU_GQA 4u   /**< with ::KIVI_KERNEL_GPU_F16X2: that kernel is the tensor-core GQA kernel, one
+                                  * block per (row, kv-head, chunk of up to 8 query heads, split), for every
+                                  * layout (MHA, GQA, MQA) */
 #define KIVI_KERNEL_GPU_F16 8u   /**< the GPU kernel of 16-bit (fp16) caches in decode calls (::KIVI_ATTENTION_FAST,
                                   * head_dim 64 or 128, R a power of two >= 32): tensor cores, fp32
                                   * accumulation, q and p carried as two f16 parts (fp32-class accuracy) */

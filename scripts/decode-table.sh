@@ -44,7 +44,7 @@ vals() {
 for s in "${shapes[@]}"; do
   IFS=, read -r B HQ HK D S <<< "$s"
   tag="b${B}_q${HQ}_k${HK}_d${D}_s${S}"
-  $ncu $m -k regex:'kivi_gpu_f16_decode|kivi_gpu_fast_decode|run_rows' "$b/bench/kivi-bench" --shape "$B,$HQ,$S" --kv-heads "$HK" \
+  $ncu $m -k regex:'kivi_gpu_f16_decode|kivi_gpu_fast_decode|kivi_gpu_gqa_decode|run_rows' "$b/bench/kivi-bench" --shape "$B,$HQ,$S" --kv-heads "$HK" \
     --head-dim "$D" --skip-append --reps 5 --json "$out/bench_$tag.json" > "$out/ncu_$tag.csv" 2> "$out/ncu_$tag.err"
   $ncu $m --nvtx --nvtx-include sdpa/ $py scripts/sdpa-anchor.py --nvtx 5 "$out/sdpa_ncu_$tag.json" "$s" \
     > "$out/ncu_sdpa_$tag.csv" 2> "$out/ncu_sdpa_$tag.err"

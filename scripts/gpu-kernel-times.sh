@@ -1,7 +1,7 @@
 #!/bin/bash
 # GPU kernel times from Nsight Compute (caches flushed before every kernel, as in the anchors of
 # ../shared/research/anchors-gpu.md), for an already-built offload tree:
-#   1. the f16x2 decode kernels (2- and 4-bit) at every default kivi-bench shape (one launch =
+#   1. the decode kernels of 2- and 4-bit caches at every default kivi-bench shape (one launch =
 #      one decode step), median per kernel and launch geometry;
 #   2. every kernel of a 30-layer decode step (kivi_layers, batch 1, context 4096), mean per kernel;
 #   3. stall reasons of a decode step's append (the one-kernel append: launch 100 of the append
@@ -29,7 +29,7 @@ summ() { awk -F'","' -v key="$1" '
 sections=" ${SECTIONS:-1 2 3} "
 if [[ $sections == *" 1 "* ]]; then
 echo "=== 1. f16x2 decode kernels per kivi-bench shape (grid = rows x heads x slots; l21/l21_1: 2-bit, l21_2/l21_3: 4-bit)"
-$ncu $q -k regex:kivi_gpu_fast_decode "$b/bench/kivi-bench" --skip-append --reps 3 > "$out/ncu_bench.csv" 2> "$out/ncu_bench.err"
+$ncu $q -k regex:kivi_gpu_gqa_decode "$b/bench/kivi-bench" --skip-append --reps 3 > "$out/ncu_bench.csv" 2> "$out/ncu_bench.err"
 summ grid < "$out/ncu_bench.csv"
 fi
 if [[ $sections == *" 2 "* ]]; then

@@ -6,7 +6,7 @@ Usage:
   python3 scripts/kernel-regs.py FILE [SUBSTRING] [--cubin PREFIX]
 
 FILE is e.g. BUILD/.libs/libkivi-omp.so.1 of an `--enable-offload=nvptx` build; SUBSTRING keeps
-the kernels whose name contains it (e.g. `fast_decode`).  For every CUDA ELF image found in FILE
+the kernels whose name contains it (e.g. `gqa_decode`).  For every CUDA ELF image found in FILE
 it prints, per kernel: registers per thread (the image's .nv.info attribute EIATTR_REGCOUNT, as
 ptxas allocated them), the frame size in bytes (EIATTR_FRAME_SIZE; nonzero means a stack, e.g.
 spills or a local array) and the name.  Blocks per SM by registers: 65536 / (threads x

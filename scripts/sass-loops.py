@@ -6,8 +6,8 @@ Usage:
   python3 scripts/sass-loops.py --ncu CSV KERNEL [--per N]
 
 SASS is the text `cuobjdump -sass` prints for the device image; KERNEL is the end of the
-kernel's name (e.g. `fast_decode_l26` for the first kernel of attention_fast.inc's region, the
-2-bit synchronous one; the line number changes with the source).  For every backward branch
+kernel's name (e.g. `gqa_decode_l640_1` for a kernel of decode_gqa.c's region, the
+a 2-bit one; the line number changes with the source).  For every backward branch
 the script prints the loop it closes: first and last address, instructions, and the most
 frequent opcodes.  Each --range LO:HI (hex addresses) prints the same for [LO, HI), e.g. one
 path of a loop body.

@@ -84,8 +84,8 @@ typedef struct att_plan {
   int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
   int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
-  int gqa;                           /* the fast path's GQA kernel: 0, or its query heads per block
-                                        (KIVI_GQA_NH: attention_gqa.inc; KIVI_GQA_ROWS_NH: attention_gqa_rows.inc) */
+  int gqa;                           /* the fast path's kernel is the GQA kernel (decode_gqa.c) */
+  int ntail;                         /* its tail blocks per (row, kv-head, chunk) in a decode call */
   int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
   int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 - sink */
   int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
@@ -265,8 +265,9 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
       kivi_gpu_f16_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_LC, pl->fs, pl->nf, q, qmul, part_o, part_ml,
                           cnt, out, out_f16, async, lane);
     else
-      kivi_gpu_fast_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, (int)nslots,
-                           pl->gqa, q, qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
+      kivi_gpu_gqa_decode(c, layer, rows, HQ, hdk, (int64_t)ddn, R_SEQ, R_BEG, R_LC, pl->fs, pl->nf, pl->ntail,
+                          (int)nslots, q, qmul, part_o, part_ml, cnt, pl->fused ? out : NULL, out_f16, async, lane);
+
   }
   c->last_kernels = pl->f16 ? KIVI_KERNEL_GPU_F16
                             : (nitems > 0 ? KIVI_KERNEL_PORTABLE : 0u) | (fastk ? KIVI_KERNEL_GPU_F16X2 : 0u) |
@@ -372,49 +373,17 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
     if (beg > maxbeg) maxbeg = beg;
     if (T - beg > maxT) maxT = T - beg;
   }
-  /* the GQA kernel has a block per (row, kv-head, chunk of 4 query heads, split), and the last
-   * block of a (row, kv-head, chunk) combines its heads.  At head_dim 128 it is used where there
-   * are at least KIVI_GQA_MIN_PAIRS such blocks per split and they, with splits down to 512
-   * tokens, fill the GPU (2 per SM of an H200's 132); elsewhere the per-head kernel was faster
-   * on the H200 (docs/PERF.md, round 8).  At head_dim 64 it is the only fast kernel. */
-  /* With 2-bit keys and values and 5 or more query heads per kv-head, the rows kernel (chunks of
-   * 8: attention_gqa_rows.inc) where its 1024-token splits alone make a block per SM: on the H200
-   * it took 10-11 % less time than chunks of 4 at 28/4 and 64/8 (8, 32768), the same at 28/4
-   * (32, 4096), and 29 % more at (8, 4096), where the plan cut 512-token splits to fill the GPU
-   * (docs/PERF.md, round 35).  The GQA kernel is chosen as before: units counts chunks of 4. */
-  const int nkv = c->cfg.n_kv_heads, gsz = HQ / nkv;
-  const int gch = fast && kivi_gpu_gqa_rows(c, HQ) &&
-                          (int64_t)rows * nkv * kivi_head_chunks(gsz, KIVI_GQA_ROWS_NH) *
-                                  ((maxbeg + KIVI_GQA_SPLIT - 1) / KIVI_GQA_SPLIT) >= KIVI_FAST_SMS
-                      ? KIVI_GQA_ROWS_NH
-                      : KIVI_GQA_NH;
-  const int nqc = kivi_head_chunks(gsz, gch);
-  const int64_t units = (int64_t)rows * nkv * kivi_head_chunks(gsz, KIVI_GQA_NH);
-  const int gqa = fast && kivi_gpu_gqa_layout(c, HQ, gch) &&
-                  (c->cfg.head_dim == 64 ||
-                   (units >= KIVI_GQA_MIN_PAIRS && units * ((maxbeg + 511) / 512) >= 2 * KIVI_FAST_SMS));
-  /* shorter fast splits when few blocks would leave SMs idle: the per-head kernel halves them
-   * while there are fewer than 2 blocks per SM, the GQA kernel while fewer than 1 (at 2, 32/8 at
-   * (8, 4096) took 512-token splits, 576 blocks, and 47.5 us on an H200, against 33.8 us with
-   * 1024 tokens and 320 blocks: docs/PERF.md, round 34) */
-  const int nhb = gqa ? nkv * nqc : HQ; /* blocks per row and split */
-  int fs = gqa ? KIVI_GQA_SPLIT : KIVI_FAST_SPLIT;
-  while (fs > (gqa ? KIVI_GQA_MIN_SPLIT : 512) &&
-         (int64_t)rows * nhb * ((maxbeg + fs - 1) / fs) < (gqa ? 1 : 2) * KIVI_FAST_SMS)
-    fs /= 2;
-  /* fold: in a fused per-head decode the tail block of each row may also take the row's last
-   * split (it then starts at nf fs, not at beg), one block fewer per (row, head).  Done where
-   * that saves a wave of resident blocks, e.g. (1 row, 32 heads, 8k tokens): 544 -> 512 blocks,
-   * and where the tail block's tokens, at most fs + R + 31, fit the kernel's logits */
-  int nf = (int)((maxbeg + fs - 1) / fs);
-  const int64_t nb = (int64_t)rows * HQ, W = KIVI_FAST_WAVE;
-  const int fold = fast && decode && !gqa && nf > 0 && fs + R + KIVI_FAST_GRAIN <= KIVI_FAST_LOGITS &&
-                   (nb * (nf + 1) + W - 1) / W > (nb * nf + W - 1) / W;
-  if (fold) {
-    --nf;
-    for (int r = 0; r < rows; ++r)
-      if (hd[R_BEG * (int64_t)rows + r] > (int64_t)nf * fs) hd[R_BEG * (int64_t)rows + r] = (int64_t)nf * fs;
-  }
+  /* The GQA kernel (decode_gqa.c) takes every fast call: a block per (row, kv-head, chunk of up
+   * to KIVI_GQA_NH query heads, split), splits of the longest power of two from
+   * KIVI_GQA_MIN_SPLIT to KIVI_GQA_MAX_SPLIT tokens whose blocks make at least KIVI_GQA_FILL
+   * (about one wave of resident blocks: fewer, longer splits pay each block's set-up, merge and
+   * partials less often; H100, 32/8 (8, 32768): 1024-token splits, 2048 blocks, took 23 % more
+   * time than 4096, 512 blocks) */
+  const int gqa = fast && kivi_gpu_gqa_eligible(c, HQ);
+  const int64_t units = (int64_t)rows * c->cfg.n_kv_heads * kivi_head_chunks(HQ / c->cfg.n_kv_heads, KIVI_GQA_NH);
+  int fs = KIVI_GQA_MAX_SPLIT;
+  while (fs > KIVI_GQA_MIN_SPLIT && units * ((maxbeg + fs - 1) / fs) < KIVI_GQA_FILL) fs /= 2;
+  const int nf = (int)((maxbeg + fs - 1) / fs);
   int sink = 0; /* some row has sink tokens */
   for (int r = 0; r < rows; ++r) sink |= hd[R_NS * (int64_t)rows + r] > 0;
   /* a call whose rows have no quantized-stream tokens (and, decoding, no new ones) still runs
@@ -423,7 +392,7 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
   att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
   p.fs = fs;
   p.sink = sink;
-  p.gqa = gqa ? gch : 0;
+  p.gqa = gqa;
   p.f16 = 0;
   p.nf = nf;
   p.fused = fast && decode;
@@ -438,7 +407,8 @@ static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, in
       p.new_tiles += e % KIVI_NEW_TILE == 0;
       p.new_pad += e % 32 == 0 ? 32 : 0;
     }
-  p.nslots = p.nf + (p.fused ? 1 : p.nsplit + newk) + sink;
+  p.ntail = p.gqa && p.fused ? kivi_gpu_gqa_tails(R) : 0;
+  p.nslots = p.nf + (p.fused ? (p.gqa ? p.ntail : 1) : p.nsplit + newk) + sink;
   return p;
 }
 

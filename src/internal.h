@@ -230,47 +230,41 @@ static inline size_t kivi_sink_at(const kivi_cache *c, int seq, int layer, int h
   return (((size_t)seq * c->cfg.n_layers + layer) * c->cfg.n_kv_heads + h) * (size_t)c->ns * c->cfg.head_dim;
 }
 
-/* GPU f16x2 fast path (attention_gpu.c): tokens [0, Lf) of a row, Lf a multiple of the grain,
- * in splits of up to KIVI_FAST_SPLIT tokens (shorter when there are few rows and heads); in a
- * decode call also the rest of the row and the combine (out != NULL). */
-#define KIVI_FAST_SPLIT 4096
-/* logits of one block of the per-head kernel (shared memory, floats): a split, a tail block's at
- * most R + 31 tokens, or (fold) a whole split and a tail where R <= 224 */
-#define KIVI_FAST_LOGITS (KIVI_FAST_SPLIT + 256)
+/* The GPU fast path of 2- and 4-bit caches (the GQA kernel, decode_gqa.c): tokens [0, Lf) of a
+ * row, Lf = floor(max(0, Lc - R) / KIVI_FAST_GRAIN) * KIVI_FAST_GRAIN, in splits; in a decode
+ * call also the rest of the row (tail blocks) and the combine. */
 #define KIVI_FAST_GRAIN 32
-#define KIVI_FAST_SMS 132 /* the GPU the fast path's plans are tuned for: an H200's SMs */
-#define KIVI_FAST_WAVE (4 * KIVI_FAST_SMS) /* blocks of the per-head kernel resident at once */
+#define KIVI_FAST_SMS 132 /* the GPU the plans are tuned for: an H100's or H200's SMs */
 int kivi_gpu_fast_eligible(const kivi_cache *c);
-/* GQA: the fast path's tensor-core kernel takes one block per (row, kv-head, chunk of
- * KIVI_GQA_NH query heads, split), splits of at most KIVI_GQA_SPLIT tokens */
-#define KIVI_GQA_NH 4
-#define KIVI_GQA_SPLIT 1024
-#ifndef KIVI_GQA_MIN_SPLIT
-#define KIVI_GQA_MIN_SPLIT 512 /* the shortest GQA split the plan cuts where blocks are few */
-#endif
-/* The GQA kernel with the query heads as its MMA rows (attention_gqa_rows.inc): chunks of up to
- * KIVI_GQA_ROWS_NH query heads, 2-bit keys and values, head_dim 128, where a kv-head has
- * KIVI_GQA_ROWS_MIN or more (-DKIVI_GQA_ROWS_MIN=99 builds the library without it, for comparison) */
-#define KIVI_GQA_ROWS_NH 8
-#ifndef KIVI_GQA_ROWS_MIN
-#define KIVI_GQA_ROWS_MIN 5
-#endif
-#define KIVI_GQA_MIN_PAIRS 32 /* (row, kv-head, chunk) blocks per split below which the per-head kernel runs */
+/* The GQA kernel (decode_gqa.c): one block per (row, kv-head, chunk of up to KIVI_GQA_NH query
+ * heads, split); the plan's splits are the longest power of two from KIVI_GQA_MIN_SPLIT to
+ * KIVI_GQA_MAX_SPLIT tokens whose blocks make at least KIVI_GQA_FILL (plan_call). */
+#define KIVI_GQA_NH 8
+#define KIVI_GQA_MIN_SPLIT 256
+#define KIVI_GQA_MAX_SPLIT 4096
+#define KIVI_GQA_FILL (3 * KIVI_FAST_SMS)
+/* A decode call's tokens past a row's splits (its last R + 31 at most, whose values are in the fp16
+ * window) are taken by tail blocks of KIVI_GQA_TAIL tokens each, in fp32: kivi_gpu_gqa_tails(R) of
+ * them per (row, kv-head, chunk), each with a partial slot after the splits' */
+#define KIVI_GQA_TAIL 64
+static inline int kivi_gpu_gqa_tails(int R) { return (R + 31 + KIVI_GQA_TAIL - 1) / KIVI_GQA_TAIL; }
 /* The chunks of at most nh query heads that a kv-head's gsz query heads make (the GQA and fp16
  * kernels take a block per chunk; the last one may hold fewer heads). */
 static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh; }
-/* 1 where a GQA kernel takes HQ query heads over the cache's kv-heads in chunks of `chunk`:
- * KIVI_GQA_NH (attention_gqa.inc) at head_dim 64 (where it is the only fast kernel), or 128 with
- * chunks at least 3/4 full (gsz >= 3 nqc: 3, 4, 6, 7, 8, 10, ... query heads per kv-head;
- * elsewhere the per-head kernel does no more work); KIVI_GQA_ROWS_NH (the rows kernel) where
- * kivi_gpu_gqa_rows holds. */
-int kivi_gpu_gqa_layout(const kivi_cache *c, int HQ, int chunk);
-/* 1 where the rows kernel can take HQ query heads: 2-bit keys and values, head_dim 128,
- * KIVI_GQA_ROWS_MIN or more query heads per kv-head (plan_call chooses it where it fills the GPU) */
-int kivi_gpu_gqa_rows(const kivi_cache *c, int HQ);
-void kivi_gpu_fast_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
-                          int col_beg, int col_lc, int fs, int nf, int nslots, int gqa, const float *q, float qmul,
-                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
+/* 1 where the GQA kernel can take a call of HQ query heads (kivi_gpu_fast_eligible, HQ a
+ * multiple of the kv-heads) */
+int kivi_gpu_gqa_eligible(const kivi_cache *c, int HQ);
+/* The GQA kernel's launch.  Partials of the splits (fs tokens each, the last one of a row shorter):
+ * slots 0 .. nf-1 of part_o [rows][HQ][nslots][D] and part_ml [rows][HQ][nslots][2] (unnormalized
+ * o, max m and sum l in base 2).  dd: the row descriptor in host memory, ndd int64 values (columns
+ * col_seq, col_beg and col_lc), copied in with the launch (kept until the wait when async).
+ * Slots at or beyond a row's own Lf / fs get l = 0.  A decode call (out != NULL): the ntail
+ * tail blocks of each (row, kv-head, chunk) take the rest of the row into slots nf .. nf +
+ * ntail - 1, and the last block to arrive combines into out (f32 or f16) with the arrival
+ * counters cnt [rows][HQ] (zero between calls).  async: enqueued on the lane's dependences. */
+void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
+                         int col_beg, int col_lc, int fs, int nf, int ntail, int nslots, const float *q, float qmul,
+                         float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
 
 /* GPU fp16-cache path (attention_gpu.c, attention_f16.inc): a decode call on a cache of 16-bit
  * keys and values, head_dim 64 or 128, R a power of two >= 32, in one launch: a block per (row,

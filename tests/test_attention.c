@@ -7,22 +7,16 @@
 
 /* ATTN_REL_TOL: max |out - ref| / max |ref| with fp32 accumulation against double. */
 #define ATTN_REL_TOL 1e-5
-/* FAST_REL_TOL: the GPU f16x2 kernel (KIVI_ATTENTION_FAST) computes products and short sums
- * in fp16: fp16-attention accuracy class (research/omp-spike.md measured 5.5e-4 .. 1.1e-3). */
+/* FAST_REL_TOL: the GPU kernel of 2- and 4-bit caches (KIVI_ATTENTION_FAST): q * scale in two f16
+ * parts, p * scale in one, fp32 accumulation on the tensor cores: fp16-attention accuracy class. */
 #define FAST_REL_TOL 2e-3
 /* F16_MMA_REL_TOL: the GPU kernel of 16-bit caches (KIVI_KERNEL_GPU_F16): exact fp16 K/V times q
  * and p carried as two f16 parts (22 bits), fp32 accumulation on the tensor cores: the portable
  * kernel's class (H200: at most 4.1e-7 on the degenerate patterns). */
 #define F16_MMA_REL_TOL 1e-5
 /* GQA_SHARP_REL_TOL: the GQA kernel (KIVI_KERNEL_GPU_GQA) on sharp attention.  Its K operands
- * q * scale are two f16 parts (22 bits), so it holds FAST_REL_TOL like the other cases.  The
- * warp-streamed variant, built only for measurement (CPPFLAGS=-DKIVI_GQA_WARPS=1), keeps one f16
- * part: H200 9.1e-3 and 9.4e-3, 2- and 4-bit, which misses that class. */
-#if defined(KIVI_GQA_WARPS) && KIVI_GQA_WARPS
-#define GQA_SHARP_REL_TOL 2e-2
-#else
+ * q * scale are two f16 parts (22 bits), so it holds FAST_REL_TOL like the other cases. */
 #define GQA_SHARP_REL_TOL FAST_REL_TOL
-#endif
 /* SHARP_REL_TOL: the fp32-class kernels (portable, fp16 cache's) on sharp attention, where a few
  * logits reach about 70 (base 2): an fp32 logit that large is only good to about 2^-24 x 70 x
  * sqrt(D) absolute, about 5e-5 (host, portable: up to 1.3e-5; H200, the fp16 cache's kernel,
@@ -89,7 +83,6 @@ static double kernel_tol(unsigned kernels, int sharp) {
 }
 static const char *kernel_name(unsigned kernels) {
   return (kernels & KIVI_KERNEL_GPU_GQA)     ? "gpu-gqa"
-         : (kernels & KIVI_KERNEL_GPU_F16X2) ? "gpu-f16x2"
          : (kernels & KIVI_KERNEL_GPU_F16)   ? "gpu-f16"
                                              : "portable";
 }
@@ -149,7 +142,7 @@ static void decode_case(const acase *a, int nseq, const int *len, uint64_t seed)
 
 START_TEST(decode_boundary_lengths) {
   /* K and V 2-bit (_i = 0), 4-bit (1), K4 V2 (2), K2 V4 (3): on a GPU all take the fast path
-   * (the per-head kernel takes mixed widths), whose tail block sees every case: no quantized
+   * (the GQA kernel takes mixed widths), whose tail blocks see every case: no quantized
    * token (1 .. 128), values quantized for fewer than 32 tokens (129), none left over after
    * whole grains (160), no fp16 key (256 = 2R) */
   const int kb = _i == 0 || _i == 3 ? 2 : 4, vb = _i == 0 || _i == 2 ? 2 : 4;
@@ -197,7 +190,7 @@ END_TEST
 /* Extend: rows see the cache plus the new tokens causally; checked against the reference on
  * the dequantized cache extended by the new fp32 tokens, within tol.  lse too: within
  * LSE_ABS_TOL, or within tol itself where that is a looser class (sharp attention: lse near 55,
- * whose logits fp32 holds to about SHARP_REL_TOL absolute; the f16x2 kernel's FAST_REL_TOL).
+ * whose logits fp32 holds to about SHARP_REL_TOL absolute; the GQA kernel's FAST_REL_TOL).
  * Returns the largest error. */
 static double extend_check_tol(kivi_cache *c, const acase *a, int seq, int L, int qlen, const float *q,
                                const float *kn, const float *vn, const float *out, const float *lse, float scale,
@@ -285,7 +278,7 @@ static void extend_new_case(int D, int H, int HQ, int nseq, const int *pre, cons
 
 /* Tiles of 64 rows cut anywhere, prompts that are not multiples of 32, GQA 32/8 and 9/3; cached
  * prefixes (the new tokens' partials combined with those of the cached tokens: fp16 windows,
- * and past R = 128 quantized tokens, which on a GPU take the f16x2 kernel and its tolerance) and
+ * and past R = 128 quantized tokens, which on a GPU take the GQA kernel and its tolerance) and
  * empty caches (the output written by the new tokens' kernel alone). */
 START_TEST(extend_new_tokens) {
   const int pre1[] = {0, 120, 41}, ql1[] = {150, 97, 33};
@@ -451,11 +444,11 @@ static void degrade_q(float *q, size_t nvec, int D, int pattern) {
 
 /* Rows of the paper configurations (kb-bit keys, vb-bit values, head_dim D, G=32, R=128), H
  * kv-heads and HQ query heads, decoded in mode (0: fast, 1: FP32) against the reference with the mode's
- * tolerance.  On a GPU the fast mode runs the f16x2 kernel alone, its GQA variant where gqa is
- * set; the FP32 mode always runs the portable kernel.  kind: 0 plain, 1 sharp attention,
+ * tolerance.  On a GPU the fast mode runs the GQA kernel alone; the FP32 mode always runs the
+ * portable kernel.  kind: 0 plain, 1 sharp attention,
  * RC_DEGEN + p the degenerate pattern p (degrade_kv, degrade_q). */
 #define RC_DEGEN 2
-static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrows, const int *len, int gqa, int kind) {
+static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrows, const int *len, int kind) {
   const acase a = {D, H, HQ, kb, vb, 32, 128, 0};
   kivi_cache_config cfg;
   kivi_cache_config_init(&cfg, 1, a.H, a.D, nrows, 9216);
@@ -488,8 +481,8 @@ static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrow
   ck_assert_int_eq(kivi_context_get_info(ctx, &info), KIVI_OK);
   const int fast = (kernels & KIVI_KERNEL_GPU_F16X2) != 0;
   ck_assert_int_eq(fast, info.on_gpu && mode == 0 && KIVI_BUILT_WITH_OFFLOAD);
-  /* a fast decode is the f16x2 kernel alone (one launch, fp16 windows and combine included) */
-  ck_assert_uint_eq(kernels, fast ? KIVI_KERNEL_GPU_F16X2 | (gqa ? KIVI_KERNEL_GPU_GQA : 0u) : KIVI_KERNEL_PORTABLE);
+  /* a fast decode is the GQA kernel alone (one launch, fp16 windows and combine included) */
+  ck_assert_uint_eq(kernels, fast ? KIVI_KERNEL_GPU_F16X2 | KIVI_KERNEL_GPU_GQA : KIVI_KERNEL_PORTABLE);
   double *ref = malloc(sizeof(double) * qn), worst = 0;
   for (int s = 0; s < nrows; ++s) {
     double *kd, *vd;
@@ -508,19 +501,19 @@ static void rows_case_d(int D, int kb, int vb, int mode, int H, int HQ, int nrow
   free(k); free(v); free(ids); free(q); free(out); free(ref);
   kivi_cache_destroy(c);
 }
-static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int gqa, int sharp) {
-  rows_case_d(128, b, b, mode, H, HQ, nrows, len, gqa, sharp);
+static void rows_case(int b, int mode, int H, int HQ, int nrows, const int *len, int sharp) {
+  rows_case_d(128, b, b, mode, H, HQ, nrows, len, sharp);
 }
 
-/* Long rows: MHA-like 2 over 2 heads, 8 over 2 (8 row and kv-head pairs: the per-head kernel),
- * and 32 over 8, whose 32 pairs with splits of 1024 tokens are enough blocks for the GQA kernel
- * (10 partials per pair: its last block combines with fk_combine). */
+/* Long rows: MHA-like 2 over 2 heads, 8 over 2 and 32 over 8 (rows of 4 and 9 splits, and 3
+ * tail blocks each: up to 12 partials per (row, chunk), so the last block combines with
+ * fk_combine). */
 START_TEST(decode_long_rows_both_modes) {
   const int len[] = {5000, 2048 + 128 + 5, 300, 9000};
   const int b = _i ? 4 : 2; /* KIVI-2, KIVI-4 */
   for (int mode = 0; mode < 2; ++mode)
     for (int gqa = 0; gqa < 3; ++gqa)
-      rows_case(b, mode, gqa == 2 ? 8 : 2, gqa == 0 ? 2 : gqa == 1 ? 8 : 32, 4, len, gqa == 2, 0);
+      rows_case(b, mode, gqa == 2 ? 8 : 2, gqa == 0 ? 2 : gqa == 1 ? 8 : 32, 4, len, 0);
 }
 END_TEST
 
@@ -530,55 +523,50 @@ END_TEST
 START_TEST(decode_gqa_many_rows) {
   int len[16];
   for (int s = 0; s < 16; ++s) len[s] = s == 5 ? 200 : 2300 - 29 * s;
-  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 1, 0);
-  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 1, 1); /* sharp attention on the GQA kernel */
+  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 0);
+  rows_case(_i ? 4 : 2, 0, 8, 32, 16, len, 1); /* sharp attention */
 }
 END_TEST
 
-/* The GQA kernels' chunks of query heads, head_dim 64 and mixed widths, for K and V 2-bit
- * (_i = 0), 4-bit (1), K4 V2 (2) and K2 V4 (3).  Head_dim 128: with 2-bit keys and values, 5 or
- * more query heads per kv-head take the rows kernel (chunks of up to 8), the other widths chunks
- * of 4: 28 over 4 (7 per kv-head; sharp attention and degenerate groups too), 64 over 8, 48 over
- * 4 (12: chunks of 8 and 4, or three of 4), 24 over 8 (3 per kv-head: chunks of 4), and 40 over
- * 8 (5 per kv-head: the rows kernel at 2 bits, else the per-head kernel, chunks of 4 being less
- * than 3/4 full).  Head_dim 64, where the GQA kernel is the only fast kernel at any batch:
- * SmolLM2's 9 over 3 (sharp attention too), MHA 4 over 4 (chunks of one head), 8 over 1 (two
- * chunks), and one row. */
+/* The GQA kernel's chunks of query heads (up to 8), head_dim 64 and mixed widths, for K and V
+ * 2-bit (_i = 0), 4-bit (1), K4 V2 (2) and K2 V4 (3).  Head_dim 128: 28 over 4 (7 per kv-head;
+ * sharp attention and degenerate groups too), 64 over 8, 48 over 4 (12: chunks of 8 and 4), 24
+ * over 8 (3 per kv-head) and 40 over 8 (5 per kv-head).  Head_dim 64:
+ * SmolLM2's 9 over 3 (sharp attention too), MHA 4 over 4 (chunks of one head), 8 over 1 (one
+ * chunk), and one row. */
 START_TEST(decode_gqa_layouts) {
   const int len[] = {5000, 2048 + 128 + 5, 300, 9000};
   const int kb = _i == 0 || _i == 3 ? 2 : 4, vb = _i == 0 || _i == 2 ? 2 : 4;
-  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1, 0);
-  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1, 1);
-  rows_case_d(128, kb, vb, 0, 8, 64, 4, len, 1, 0);
-  rows_case_d(128, kb, vb, 0, 4, 48, 4, len, 1, 0);
-  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1, RC_DEGEN + 3 + 2 * (_i & 1)); /* degenerate groups: patterns 3, 5 */
-  rows_case_d(128, kb, vb, 0, 8, 24, 4, len, 1, 0);
-  rows_case_d(128, kb, vb, 0, 8, 40, 4, len, _i == 0, 0);
-  rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 1, 0);
-  rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 1, 1);
-  rows_case_d(64, kb, vb, 0, 4, 4, 4, len, 1, 0);
-  rows_case_d(64, kb, vb, 0, 1, 8, 4, len, 1, 0);
+  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 0);
+  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, 1);
+  rows_case_d(128, kb, vb, 0, 8, 64, 4, len, 0);
+  rows_case_d(128, kb, vb, 0, 4, 48, 4, len, 0);
+  rows_case_d(128, kb, vb, 0, 4, 28, 4, len, RC_DEGEN + 3 + 2 * (_i & 1)); /* degenerate groups: patterns 3, 5 */
+  rows_case_d(128, kb, vb, 0, 8, 24, 4, len, 0);
+  rows_case_d(128, kb, vb, 0, 8, 40, 4, len, 0);
+  rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 0);
+  rows_case_d(64, kb, vb, 0, 3, 9, 4, len, 1);
+  rows_case_d(64, kb, vb, 0, 4, 4, 4, len, 0);
+  rows_case_d(64, kb, vb, 0, 1, 8, 4, len, 0);
   const int one[] = {700};
-  rows_case_d(64, kb, vb, 0, 3, 9, 1, one, 1, 0); /* one row: 3 blocks per split */
+  rows_case_d(64, kb, vb, 0, 3, 9, 1, one, 0); /* one row: 3 blocks per split */
 }
 END_TEST
 
-/* 2 rows, 32 over 32 heads, 512-token splits: 64 x (8 splits + tail) = 576 blocks would take
- * two waves of the 528 an H200 holds at once, so the plan folds each row's last split into its
- * tail block (512 blocks).  Row 0's tail block then starts at 7 x 512 = 3584, before its
- * quantized-tail start 3968; row 1 (quantized up to 2848) keeps its own start. */
+/* 2 rows, 32 over 32 heads, of 4100 and 3000 tokens: rows of different split counts (the per-head
+ * kernel before 2026-12-06 folded each row's last split into its tail block here). */
 START_TEST(decode_folded_tail) {
   const int len[] = {4100, 3000};
-  rows_case(_i ? 4 : 2, 0, 32, 32, 2, len, 0, 0);
+  rows_case(_i ? 4 : 2, 0, 32, 32, 2, len, 0);
 }
 END_TEST
 
-/* 9 rows x 32 query heads (MHA: the per-head kernel) of at most 4200 tokens: 288 (row, head) pairs, one 4096-token split each, and the fold gives each pair a single block that
+/* 9 rows x 32 query heads (MHA) of at most 4200 tokens (before 2026-12-06, on the per-head kernel): 288 (row, head) pairs, one 4096-token split each, and the fold gives each pair a single block that
  * takes its whole row and writes the output itself (no partials, no combine).  Rows shorter than
  * the fp16 window and than one key group are among them. */
 START_TEST(decode_single_block_rows) {
   const int len[] = {4200, 700, 1500, 3000, 150, 2500, 4000, 900, 3500};
-  rows_case(_i ? 4 : 2, 0, 32, 32, 9, len, 0, 0);
+  rows_case(_i ? 4 : 2, 0, 32, 32, 9, len, 0);
 }
 END_TEST
 
@@ -591,9 +579,8 @@ END_TEST
  * group's scale there is about 10^4 times the others', in a channel that every query weighs 0:
  * kernels that scale their operands by the largest scale they meet must keep the other
  * groups' precision).  The error is measured against the reference on the dequantized cache
- * and held to the class of the kernel that ran (kernel_tol): sharp attention included, the
- * f16x2 kernel holds FAST_REL_TOL because it computes the logits near the maximum again in fp32
- * (before that it reached 1.5e-2 there on the H200). */
+ * and held to the class of the kernel that ran (kernel_tol): sharp attention included, the GQA
+ * kernel holds FAST_REL_TOL, its q * scale being two f16 parts. */
 static double degenerate_case(int D, int kb, int HQ, int L, int pattern) {
   const acase a = {D, 2, HQ, kb, kb, 32, 128, 0};
   kivi_cache *c = make_cache(&a, 1, 4096);
@@ -637,6 +624,98 @@ START_TEST(decode_degenerate_groups) {
             worst = fmax(worst, degenerate_case(64, kb, 3 * hq, lens[li], pattern));
         }
   ck_assert_msg(worst <= 1.0, "a degenerate case's error is %.2f x its tolerance", worst);
+}
+END_TEST
+
+/* Keys and values shaped as the KIVI paper describes a model's (its figure 2), as a new user's
+ * first cache would hold them: per kv-head 2 or 3 outlier key channels (x10), a per-channel key
+ * offset drawn from N(0, 0.5^2), unit normals elsewhere; values unit normals with one x10
+ * channel per kv-head.  On top, the degenerate groups real models have: a constant key channel
+ * (0.37), a key channel of 0 (odd kv-heads: 2^-24) and every 17th value token constant (1.25).
+ * Queries unit normals.  Every fast kernel holds FAST_REL_TOL on them (2e-3 of max |ref|, against
+ * the double reference on the dequantized cache); the per-head f16x2 kernel reached 6.4e-3 on an
+ * H100 with MHA 2 x 128, 2-bit, 647 tokens, before MHA took the GQA kernel. */
+static float tu_normal(uint64_t *st) { /* Box-Muller */
+  const double u = 0.5 * (1.0 + (double)tu_uniform(st)) + 1e-12, w = 0.5 * (1.0 + (double)tu_uniform(st));
+  return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * w));
+}
+static void paper_kv(const acase *a, int L, uint64_t seed, float **k, float **v) {
+  const size_t n = (size_t)L * a->H * a->D;
+  *k = malloc(n * sizeof(float));
+  *v = malloc(n * sizeof(float));
+  uint64_t st = seed;
+  float *off = malloc(sizeof(float) * a->H * a->D), *gain = malloc(sizeof(float) * a->H * a->D);
+  int *vout = malloc(sizeof(int) * a->H);
+  for (int h = 0; h < a->H; ++h) {
+    for (int d = 0; d < a->D; ++d) {
+      off[h * a->D + d] = 0.5f * tu_normal(&st);
+      gain[h * a->D + d] = 1.0f;
+    }
+    const int nout = 2 + (int)(tu_next(&st) % 2);
+    for (int i = 0; i < nout; ++i) gain[h * a->D + (int)(tu_next(&st) % (uint64_t)(a->D - 4)) + 4] = 10.0f;
+    vout[h] = (int)(tu_next(&st) % (uint64_t)a->D);
+  }
+  for (int t = 0; t < L; ++t)
+    for (int h = 0; h < a->H; ++h) {
+      float *kr = *k + ((size_t)t * a->H + h) * a->D, *vr = *v + ((size_t)t * a->H + h) * a->D;
+      for (int d = 0; d < a->D; ++d) {
+        kr[d] = gain[h * a->D + d] * tu_normal(&st) + off[h * a->D + d];
+        vr[d] = (d == vout[h] ? 10.0f : 1.0f) * tu_normal(&st);
+      }
+      kr[0] = 0.37f;                                /* a constant channel: scale 0 */
+      kr[1] = h & 1 ? 5.9604645e-08f : 0.0f;        /* 2^-24 or 0: the scale rounds to 0 */
+      if (t % 17 == 0)
+        for (int d = 0; d < a->D; ++d) vr[d] = 1.25f; /* a constant value token */
+    }
+  free(off);
+  free(gain);
+  free(vout);
+}
+static double paper_case(int D, int kb, int vb, int H, int HQ, int nrows, const int *len) {
+  const acase a = {D, H, HQ, kb, vb, 32, 128, 0};
+  kivi_cache *c = make_cache(&a, nrows, 4096);
+  float **k = malloc(sizeof(float *) * nrows), **v = malloc(sizeof(float *) * nrows);
+  int *ids = malloc(sizeof(int) * nrows);
+  for (int s = 0; s < nrows; ++s) {
+    paper_kv(&a, len[s], 5000 + 31 * (uint64_t)s + (uint64_t)(D + H + HQ + 8 * kb + vb), &k[s], &v[s]);
+    append_all(c, s, len[s], k[s], v[s]);
+    ids[s] = s;
+  }
+  const size_t qn = (size_t)HQ * D;
+  float *q = malloc(sizeof(float) * qn * nrows), *out = malloc(sizeof(float) * qn * nrows);
+  uint64_t st = 91 + (uint64_t)HQ;
+  for (size_t i = 0; i < qn * nrows; ++i) q[i] = tu_normal(&st);
+  const float scale = 1.0f / sqrtf((float)D);
+  ck_assert_int_eq(kivi_attention_decode(c, 0, nrows, ids, HQ, q, scale, out, KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
+  unsigned kernels = 0;
+  ck_assert_int_eq(kivi_cache_last_kernels(c, &kernels), KIVI_OK);
+  double *ref = malloc(sizeof(double) * qn), worst = 0;
+  for (int s = 0; s < nrows; ++s) {
+    double *kd, *vd;
+    dequant_seq(c, &a, s, len[s], &kd, &vd);
+    ref_attention(len[s], H, HQ, D, kd, vd, q + qn * s, scale, ref, NULL);
+    worst = fmax(worst, rel_err(out + qn * s, ref, qn));
+    free(kd);
+    free(vd);
+  }
+  const double tol = kernel_tol(kernels, 0);
+  printf("paper keys, D%d, K%d V%d, HQ %d over %d, %d rows (%s): rel err %.2e (tolerance %.0e)\n", D, kb, vb, HQ, H,
+         nrows, kernel_name(kernels), worst, tol);
+  for (int s = 0; s < nrows; ++s) { free(k[s]); free(v[s]); }
+  free(k); free(v); free(ids); free(q); free(out); free(ref);
+  kivi_cache_destroy(c);
+  return worst / tol;
+}
+START_TEST(decode_paper_keys) {
+  const int one[] = {647}, two[] = {647, 2100};
+  double worst = 0;
+  for (int b = 2; b <= 4; b += 2) {
+    worst = fmax(worst, paper_case(128, b, b, 2, 2, 1, one)); /* MHA, the case */
+    worst = fmax(worst, paper_case(128, b, b, 2, 8, 2, two));
+    worst = fmax(worst, paper_case(64, b, b, 3, 9, 2, two));
+  }
+  worst = fmax(worst, paper_case(128, 4, 2, 8, 32, 1, one)); /* K4 V2 */
+  ck_assert_msg(worst <= 1.0, "a paper-keys case's error is %.2f x its tolerance", worst);
 }
 END_TEST
 
@@ -779,6 +858,7 @@ int main(void) {
   tcase_add_loop_test(tc, decode_folded_tail, 0, all ? 2 : 1);
   if (all) tcase_add_loop_test(tc, decode_single_block_rows, 0, 2);
   tcase_add_test(tc, decode_degenerate_groups);
+  tcase_add_test(tc, decode_paper_keys);
   tcase_add_loop_test(tc, decode_f16_cache, 0, all ? 2 : 1);
   tcase_add_loop_test(tc, decode_f16_long_splits, 0, 3);
   tcase_add_loop_test(tc, decode_seq_isolated, 0, 4);

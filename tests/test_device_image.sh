@@ -37,7 +37,7 @@ set +e; "$fix" --check /bin/sh; rc=$?; set -e
 [ $rc = 4 ] || { echo "FAIL: a file without device code was not reported (rc $rc)"; exit 1; }
 echo "cubin fixer: detects, patches and reports as expected"
 if command -v python3 >/dev/null 2>&1; then
-  out=$(python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$lib" kivi_gpu_fast_decode) ||
+  out=$(python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$lib" kivi_gpu_gqa_decode) ||
     { echo "FAIL: scripts/kernel-regs.py on $lib"; exit 1; }
   n=$(printf '%s\n' "$out" | grep -c ' regs ' || true)
   bad=$(printf '%s\n' "$out" | awk '/ regs / && !($1 ~ /^[0-9]+$/ && $1 >= 16 && $1 <= 255)' | wc -l)
@@ -46,7 +46,7 @@ if command -v python3 >/dev/null 2>&1; then
   # --cubin: the image written whole (its program headers too, for cuobjdump), and read back
   python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$lib" --cubin "$t" >/dev/null ||
     { echo "FAIL: kernel-regs.py --cubin"; exit 1; }
-  n2=$(python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$t.0.cubin" kivi_gpu_fast_decode | grep -c ' regs ' || true)
+  n2=$(python3 "${top_srcdir:-.}/scripts/kernel-regs.py" "$t.0.cubin" kivi_gpu_gqa_decode | grep -c ' regs ' || true)
   [ "$n2" = "$n" ] || { echo "FAIL: the written image holds $n2 decode kernels, the library $n"; exit 1; }
   if command -v readelf >/dev/null 2>&1 && readelf -lW "$t.0.cubin" 2>&1 | grep -qi 'error'; then
     echo "FAIL: the written image is cut short: $(readelf -lW "$t.0.cubin" 2>&1 | grep -i error | head -1)"; exit 1

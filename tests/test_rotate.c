@@ -206,11 +206,10 @@ START_TEST(decode_matches_reference) {
       ck_assert_msg(err <= ROT_TOL * mx + mx * 0x1p-11, "rot %d mem %d: fp16 decode error %.3g", rots[r], m, err);
       kivi_cache_destroy(c);
     }
-  /* The paper configuration in FAST mode: on a GPU the f16x2 kernel, here the portable one.
-   * Keys of amplitude 1: flat attention, within the kernel's bound.  Then keys of amplitude 3
-   * with outliers (logits of a few units, more near the maximum than the kernel computes again
-   * in fp32): the errors of the rotated and the plain cache are printed, not bounded (on the
-   * H200 the f16x2 kernel reached 3.8e-3 there with rotation). */
+  /* The paper configuration in FAST mode: on a GPU the GQA kernel, here the portable one.
+   * Keys of amplitude 1 (flat attention), then keys of amplitude 3 with outliers (logits of a
+   * few units), rotated and plain: all within the kernel's bound (H100: 5.1e-4 rotated, 8.4e-5
+   * plain; the per-head f16x2 kernel before it reached 4.5e-3 and 1.9e-3 on the H200). */
   for (int hard = 0; hard < 2; ++hard)
     for (int rot = KIVI_ROTATE_KV; rot >= (hard ? KIVI_ROTATE_NONE : KIVI_ROTATE_KV); rot -= KIVI_ROTATE_KV) {
       kivi_cache *c = make(4, 128, 2, 2, rot, KIVI_ATTENTION_FAST, 1, 2048);
@@ -221,8 +220,7 @@ START_TEST(decode_matches_reference) {
       if (hard)
         printf("FAST decode, keys with outliers, %s: error %.2e of max |ref| (kernels 0x%x)\n",
                rot ? "rotated K and V" : "no rotation", err / mx, kern);
-      else
-        ck_assert_msg(err <= ROT_FAST_TOL * mx, "fast kernel: decode error %.3g of max %.3g", err, mx);
+      ck_assert_msg(err <= ROT_FAST_TOL * mx, "fast kernel: decode error %.3g of max %.3g", err, mx);
       kivi_cache_destroy(c);
     }
 }
