@@ -3,7 +3,8 @@
 # status 77, when it is not in the cache):
 #  1. greedy generation with an fp16 cache and a 4-bit KIVI cache: the prompt and reply stay
 #     inside the fp16 residual window (R = 128), where KIVI quantizes nothing, so the two replies
-#     must be the same text (streaming semantics) and say what the prompt asks for;
+#     must be the same text (streaming semantics) and say what the prompt asks for; a document
+#     and a question (--prompt-file with --prompt) make one prompt;
 #  2. perplexity of the first PPL_TOKENS tokens of a Debian text: kivi4 within PPL_KIVI4_REL of
 #     fp16 (the bound), kivi2 within PPL_KIVI2_REL (a sanity bound: 2 bits cost more),
 #     and fp16 with --rotate kv (Hadamard-rotated K, q and V, outputs rotated back: the same model
@@ -38,6 +39,13 @@ done
 cmp -s "$tmp/gen-fp16.txt" "$tmp/gen-kivi4.txt" || { echo "FAIL: fp16 and kivi4 replies differ inside the fp16 window"; exit 1; }
 grep -q "Paris" "$tmp/gen-fp16.txt" || { echo "FAIL: the reply does not name Paris"; exit 1; }
 grep -q '"generated_tokens"' "$tmp/gen-kivi4.json" || { echo "FAIL: no JSON"; exit 1; }
+# --prompt-file with --prompt: the file's text, a blank line, then the prompt (a document and a
+# question): the same tokens as that text written to one file
+printf 'Some text of a document.\n' >"$tmp/doc.txt"
+{ cat "$tmp/doc.txt"; printf '\n\n%s' "$prompt"; } >"$tmp/doc-q.txt"
+"$run" tokenize --model "$model" --prompt-file "$tmp/doc.txt" --prompt "$prompt" >"$tmp/tok-both.txt"
+"$run" tokenize --model "$model" --prompt-file "$tmp/doc-q.txt" >"$tmp/tok-one.txt"
+cmp -s "$tmp/tok-both.txt" "$tmp/tok-one.txt" || { echo "FAIL: --prompt-file with --prompt is not the file, a blank line, the prompt"; exit 1; }
 
 for kv in fp16 kivi4 kivi2; do
   "$run" ppl "$text" --model "$model" --kv $kv --ctx "$PPL_TOKENS" --max-tokens "$PPL_TOKENS" --quiet \

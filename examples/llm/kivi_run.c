@@ -1,7 +1,7 @@
 /* kivi-run: a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default) running on a
  * libkivi-omp KV cache, in C.
  *
- *   kivi-run generate [--prompt TEXT | --prompt-file F | --prompts F] [--max-tokens N] [--temperature T] ...
+ *   kivi-run generate [--prompt TEXT] [--prompt-file F] | --prompts F [--max-tokens N] [--temperature T] ...
  *   kivi-run ppl FILE [--ctx N] [--max-tokens N] [--batch N] ...
  *   kivi-run passkey [--lengths 512,1024,...] [--trials N] ...
  *   kivi-run tokenize [--prompt TEXT | --prompt-file F]     (token ids, no template)
@@ -53,7 +53,8 @@ static double now_s(void) {
 
 static const char usage_text[] =
        "usage: kivi-run generate|ppl|passkey [options]\n"
-        "  generate   stream a reply to --prompt TEXT or --prompt-file F (chat template; --raw: none)\n"
+        "  generate   stream a reply to --prompt TEXT or --prompt-file F (chat template; --raw: none);\n"
+        "             with both, the file's text and then TEXT (a document and a question)\n"
         "             --max-tokens N (128) --temperature T (0 = greedy) --seed S --system TEXT\n"
         "             --prompts F: one prompt per line, all generated together (a batch; sequence i\n"
         "             samples with seed S + i), each reply printed when all are done;\n"
@@ -592,11 +593,28 @@ static void print_memory(runner *r, FILE *out) {
             (long long)st.tokens, st.total_bytes, st.fp16_bytes, st.bits_per_element);
 }
 
-/* The prompt text of --prompt-file or --prompt (a default question otherwise). */
+/* The prompt text: --prompt-file's text, and --prompt after it (a blank line between them) when
+ * both are given, so a document and a question about it make one prompt; a default question
+ * when neither is. */
 static char *prompt_text(const options *o, size_t *n) {
   if (o->prompt_file) {
     char *t = read_file(o->prompt_file, n);
-    if (!t) fprintf(stderr, "kivi-run: cannot read %s\n", o->prompt_file);
+    if (!t) {
+      fprintf(stderr, "kivi-run: cannot read %s\n", o->prompt_file);
+      return NULL;
+    }
+    if (o->prompt) {
+      const size_t m = strlen(o->prompt);
+      char *u = realloc(t, *n + 2 + m + 1);
+      if (!u) {
+        free(t);
+        return NULL;
+      }
+      memcpy(u + *n, "\n\n", 2);
+      memcpy(u + *n + 2, o->prompt, m + 1);
+      *n += 2 + m;
+      t = u;
+    }
     return t;
   }
   char *t = strdup(o->prompt ? o->prompt : "What is the capital of France? Answer in one sentence.");
