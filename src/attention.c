@@ -31,23 +31,7 @@
 #include "half.h"
 #include "internal.h"
 #include "kernels_attn.h"
-
-/* Team-shared capacities (floats).  Static shared memory is limited to 48 KiB per team. */
-#define KIVI_ATT_QCAP 1024  /* query heads x head_dim of one item */
-#define KIVI_ATT_TILE 128   /* tokens per K staging tile (a multiple of every G) */
-#define KIVI_ATT_QSCAP 4096 /* q * scale of a tile's key groups, per head */
-#define KIVI_ATT_PCAP 4096  /* logits / probabilities of a split, per head */
-#define KIVI_ATT_OCAP 2048  /* V partial sums: token lanes x head_dim (= threads x 32/bits) */
-#define KIVI_ATT_NT 128     /* threads per team on the GPU */
-#define KIVI_ATT_GPU_ITEMS 2048 /* enough teams to fill an H200 (132 SMs) several times */
-_Static_assert(KIVI_ATT_QCAP >= KIVI_MAX_HEAD_DIM, "an item holds at least one head");
-_Static_assert(KIVI_ATT_QSCAP >= (KIVI_ATT_TILE / KIVI_MIN_GROUP) * KIVI_MAX_HEAD_DIM, "a tile's groups fit");
-_Static_assert(KIVI_ATT_OCAP >= KIVI_ATT_NT * 16, "V partials of all lanes fit");
-_Static_assert(KIVI_ATT_PCAP % KIVI_ATT_TILE == 0, "splits are whole tiles");
-
-/* R_BEG: first token of the portable kernel; R_LC: the row's tokens in the quantized stream,
- * R_NS: its sink tokens (kivi_cache_config.sinks), whose partial the sink kernel writes */
-enum { R_SEQ, R_LC, R_E, R_NEW, R_BEG, R_NS, R_NCOLS };
+#include "plan.h"
 
 static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -76,45 +60,6 @@ static inline float kivi_team_reduce(float v, int is_max, float *red, int tid, i
   return r;
 }
 #pragma omp end declare target
-
-/* Heads per item and tokens per split: the split's logits of all the item's heads must fit in
- * KIVI_ATT_PCAP, and there must be enough items to fill the device. */
-typedef struct att_plan {
-  int hc, nqc;
-  int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
-  int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
-  int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
-  int gqa;                           /* the fast path's kernel is the GQA kernel (decode_gqa.c) */
-  int ntail;                         /* its tail blocks per (row, kv-head, chunk) in a decode call */
-  int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
-  int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 - sink */
-  int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
-  int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
-  int64_t new_pad;                   /* its staging rows (each sequence's new tokens padded to 32) */
-  int64_t nslots;                    /* partials per (row, head): nf + nsplit (+ 1 newk), or nf + 1 fused; + 1 sink */
-} att_plan;
-
-static att_plan plan_rows(const kivi_cache *c, int rows, int64_t maxT, int HQ, int on_gpu) {
-  const int D = c->cfg.head_dim, H = c->cfg.n_kv_heads, G = c->cfg.group, gsz = HQ / H;
-  att_plan p;
-  p.hc = gsz;
-  if (p.hc > KIVI_ATT_HC) p.hc = KIVI_ATT_HC;
-  if (p.hc > KIVI_ATT_QCAP / D) p.hc = KIVI_ATT_QCAP / D;
-  if (p.hc > KIVI_ATT_QSCAP / ((KIVI_ATT_TILE / G) * D)) p.hc = KIVI_ATT_QSCAP / ((KIVI_ATT_TILE / G) * D);
-  p.nqc = (gsz + p.hc - 1) / p.hc;
-  const int64_t base = (int64_t)rows * H * p.nqc;
-  const int64_t cap = (KIVI_ATT_PCAP / p.hc) / KIVI_ATT_TILE * KIVI_ATT_TILE; /* >= 512 */
-  const int64_t want_items = on_gpu ? KIVI_ATT_GPU_ITEMS : 4 * (int64_t)omp_get_max_threads();
-  int64_t want = (want_items + base - 1) / base; /* splits per row for enough items */
-  int64_t len = (maxT + want - 1) / want;
-  len = (len + KIVI_ATT_TILE - 1) / KIVI_ATT_TILE * KIVI_ATT_TILE;
-  if (len < 512) len = 512; /* shorter splits cost more in combining than they give */
-  if (len > cap) len = cap;
-  p.split_len = len;
-  p.nsplit = (maxT + len - 1) / len;
-  p.nitems = base * p.nsplit;
-  return p; /* nf, fs and nslots: plan_call */
-}
 
 /* Host input to device memory: a synchronous copy, or (async) a copy the cache keeps until the
  * wait, uploaded in order.  KIVI_ERR_NOMEM / KIVI_ERR_DEVICE on failure. */
@@ -295,123 +240,6 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   return KIVI_OK;
 }
 
-/* Fills R_BEG (tokens the GPU fast path takes) and plans the portable kernel for the rest.
- * The fast path covers floor(max(0, Lc - R) / KIVI_FAST_GRAIN) grains of a row, where its keys
- * and values are both quantized; in a decode call (no new tokens) it also takes the rest of
- * every row and the combine, and the portable kernel does not run. */
-static att_plan plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int decode, int newk) {
-  if (decode && kivi_gpu_f16_eligible(c)) { /* the fp16 cache: one launch, nf splits of fs tokens */
-    int64_t maxLc = 0;
-    for (int r = 0; r < rows; ++r) {
-      hd[R_BEG * (int64_t)rows + r] = 0;
-      if (hd[R_LC * (int64_t)rows + r] > maxLc) maxLc = hd[R_LC * (int64_t)rows + r];
-    }
-    const int H = c->cfg.n_kv_heads, nh = kivi_f16_heads(HQ / H), nqc = kivi_head_chunks(HQ / H, nh);
-    const int64_t split = KIVI_F16_SPLIT(nh);
-    const int64_t nb = (int64_t)rows * H * nqc;
-    int64_t fs;
-    if (kivi_f16_streamed(HQ / H)) {
-      /* the streamed kernel: splits of a power of two from KIVI_F16S_MINSPLIT to
-       * KIVI_F16S_MAXSPLIT tokens, the shortest that cut the longest row into at most
-       * KIVI_F16S_SPLITS (fewer where the (row, chunk) pairs alone make a good part of
-       * KIVI_F16S_BLOCKS blocks: one split at a large batch), halved while fewer than
-       * KIVI_FAST_SMS / 2 blocks would run.  Measured on an H200 against the plan before (about
-       * 24 blocks per SM, splits down to 128 tokens): 4-29 % less time at 11 of the 12
-       * decode-table shapes where they differ, 4.6 % more at MHA (1, 32768); fewer, longer
-       * splits pay each block's start and the combine less often (docs/PERF.md, round 34).
-       * Splits longer than `split` tokens (rows of more than KIVI_F16S_SPLITS x `split`) only
-       * where all the call's blocks are resident at once (KIVI_F16S_WAVE) and make at least
-       * KIVI_F16S_FEW of them, halved down to `split` while they make fewer: on the H200 that
-       * took 28/4 and 32/8 at (8, 32768) and MHA at (1, 32768) from 1024- to 4096-token splits,
-       * 12-18 % less time; 32/8 at (1, 32768) keeps 1024 (4096 tokens: 64 blocks, 2.4x the
-       * time), MHA at (8, 32768) too (4096 tokens would make 2048 blocks; docs/PERF.md, round 38).
-       * Where the (row, chunk) pairs alone make KIVI_F16S_FEW blocks and the rows are longer than
-       * KIVI_F16S_ONE tokens, the plan aims at one split per row (kept where its blocks are all
-       * resident at once, as above): with the split forced, 32/8 (32, 4096) took 12 % less time
-       * on an H200 and 8 % less on an H100 with 4096 tokens (256 blocks) than with 512 (2048
-       * blocks), MHA (8, 4096) 4.5 % less on an H100; with fewer pairs one split lost (H100:
-       * 32/8 (16, 4096), 128 blocks, +5 %; 9/3 (32, 4096), 96 blocks, +53 %; round 39). */
-      const int64_t fill = (KIVI_F16S_BLOCKS + nb - 1) / nb;
-      const int64_t want = nb >= KIVI_F16S_FEW && maxLc > KIVI_F16S_ONE ? 1
-                           : fill < KIVI_F16S_SPLITS                    ? fill
-                                                                        : KIVI_F16S_SPLITS;
-      const int64_t len = (maxLc + want - 1) / want;
-#define F16S_BLOCKS(fs) (nb * ((maxLc + (fs) - 1) / (fs))) /* the call's blocks with splits of fs */
-      fs = KIVI_F16S_MINSPLIT;
-      while (fs < len && fs < KIVI_F16S_MAXSPLIT) fs *= 2;
-      if (fs > split && F16S_BLOCKS(fs) > KIVI_F16S_WAVE) fs = split;
-      while (fs > split && F16S_BLOCKS(fs) < KIVI_F16S_FEW) fs /= 2;
-      while (fs > KIVI_F16S_MINSPLIT && F16S_BLOCKS(fs) < KIVI_FAST_SMS / 2) fs /= 2;
-#undef F16S_BLOCKS
-    } else {
-      /* the two-phase kernel: about KIVI_F16_BLOCKS blocks (4 waves of an H200 at 3 per SM),
-       * splits of 256 to `split` tokens in multiples of 64, at most KIVI_F16_MAXSPLITS of them
-       * where the split length allows (the last block of a (row, chunk) combines its splits
-       * alone: docs/PERF.md, round 18) */
-      int64_t nf = (KIVI_F16_BLOCKS + nb - 1) / nb;
-      if (nf > maxLc / KIVI_F16_MINSPLIT) nf = maxLc / KIVI_F16_MINSPLIT;
-      if (nf > KIVI_F16_MAXSPLITS) nf = KIVI_F16_MAXSPLITS;
-      if (nf < (maxLc + split - 1) / split) nf = (maxLc + split - 1) / split;
-      if (nf < 1) nf = 1;
-      fs = ((maxLc + nf - 1) / nf + 63) / 64 * 64;
-      if (fs > split) fs = split;
-    }
-    att_plan p;
-    memset(&p, 0, sizeof p);
-    p.fs = (int)fs;
-    p.nf = (int)((maxLc + fs - 1) / fs);
-    p.fused = p.f16 = 1;
-    p.nslots = p.nf;
-    return p;
-  }
-  const int fast = kivi_gpu_fast_eligible(c), R = c->cfg.residual;
-  int64_t maxbeg = 0, maxT = 0;
-  for (int r = 0; r < rows; ++r) {
-    const int64_t Lc = hd[R_LC * (int64_t)rows + r], T = Lc + (newk ? 0 : hd[R_E * (int64_t)rows + r]);
-    const int64_t beg = fast && Lc > R ? (Lc - R) / KIVI_FAST_GRAIN * KIVI_FAST_GRAIN : 0;
-    hd[R_BEG * (int64_t)rows + r] = beg;
-    if (beg > maxbeg) maxbeg = beg;
-    if (T - beg > maxT) maxT = T - beg;
-  }
-  /* The GQA kernel (decode_gqa.c) takes every fast call: a block per (row, kv-head, chunk of up
-   * to KIVI_GQA_NH query heads, split), splits of the longest power of two from
-   * KIVI_GQA_MIN_SPLIT to KIVI_GQA_MAX_SPLIT tokens whose blocks make at least KIVI_GQA_FILL
-   * (about one wave of resident blocks: fewer, longer splits pay each block's set-up, merge and
-   * partials less often; H100, 32/8 (8, 32768): 1024-token splits, 2048 blocks, took 23 % more
-   * time than 4096, 512 blocks) */
-  const int gqa = fast && kivi_gpu_gqa_eligible(c, HQ);
-  const int64_t units = (int64_t)rows * c->cfg.n_kv_heads * kivi_head_chunks(HQ / c->cfg.n_kv_heads, KIVI_GQA_NH);
-  int fs = KIVI_GQA_MAX_SPLIT;
-  while (fs > KIVI_GQA_MIN_SPLIT && units * ((maxbeg + fs - 1) / fs) < KIVI_GQA_FILL) fs /= 2;
-  const int nf = (int)((maxbeg + fs - 1) / fs);
-  int sink = 0; /* some row has sink tokens */
-  for (int r = 0; r < rows; ++r) sink |= hd[R_NS * (int64_t)rows + r] > 0;
-  /* a call whose rows have no quantized-stream tokens (and, decoding, no new ones) still runs
-   * one portable split, whose combine takes the sink tokens' (and the new tokens') partials */
-  if (sink && maxT == 0) maxT = 1;
-  att_plan p = plan_rows(c, rows, maxT, HQ, c->ctx->on_gpu);
-  p.fs = fs;
-  p.sink = sink;
-  p.gqa = gqa;
-  p.f16 = 0;
-  p.nf = nf;
-  p.fused = fast && decode;
-  if (p.fused) p.nsplit = p.nitems = 0;
-  p.newk = newk;
-  p.new_seqs = p.new_tiles = 0;
-  p.new_pad = 0;
-  if (newk)
-    for (int r = 0; r < rows; ++r) {
-      const int64_t e = hd[R_E * (int64_t)rows + r] - 1; /* the row's index among its sequence's new tokens */
-      p.new_seqs += e == 0;
-      p.new_tiles += e % KIVI_NEW_TILE == 0;
-      p.new_pad += e % 32 == 0 ? 32 : 0;
-    }
-  p.ntail = p.gqa && p.fused ? kivi_gpu_gqa_tails(R) : 0;
-  p.nslots = p.nf + (p.fused ? (p.gqa ? p.ntail : 1) : p.nsplit + newk) + sink;
-  return p;
-}
-
 /* Common argument checks of decode and extend.  A call with n_seqs = 0 passes them with any
  * pointers (NULL too) and then does nothing. */
 static kivi_status check_common(const kivi_cache *c, int layer, int n_seqs, const int *seq_ids,
@@ -453,7 +281,7 @@ static kivi_status decode_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const size_t host_io = mem == KIVI_MEM_HOST ? pad16(nq * 4) + pad16(nq * osz) : 0;
   const int rk = c->cfg.rotate & KIVI_ROTATE_K, rv = c->cfg.rotate & KIVI_ROTATE_V;
   const size_t rot_io = (rk ? pad16(nq * 4) : 0) + (rv ? pad16(nq * 4) : 0); /* rotated q, fp32 output */
-  const att_plan pl = plan_call(c, n_seqs, hd, n_q_heads, 1, 0);
+  const att_plan pl = kivi_plan_call(c, n_seqs, hd, n_q_heads, 1, 0);
   const int lane = kivi_lane_of(c, layer, 1); /* decode calls run on their layer's lane */
   kivi_scratch *work = &kivi_lane_at(c, lane)->work;
   if (kivi_async_reserve(c, work, host_io + rot_io + rows_scratch(c, n_seqs, n_q_heads, &pl))) {
@@ -538,7 +366,7 @@ static kivi_status extend_impl(kivi_cache *c, int layer, int n_seqs, const int *
   const int newk = kivi_gpu_extend_eligible(c) &&
                    (mem == KIVI_MEM_HOST || (((uintptr_t)q | (uintptr_t)k_new | (uintptr_t)v_new) & 15) == 0) &&
                    (rows / 64 + n_seqs) * n_q_heads <= INT32_MAX && (rows / 32 + n_seqs) * (int64_t)H <= INT32_MAX;
-  const att_plan pl = plan_call(c, (int)rows, hd, n_q_heads, 0, newk);
+  const att_plan pl = kivi_plan_call(c, (int)rows, hd, n_q_heads, 0, newk);
   const int lane = kivi_lane_of(c, layer, 0); /* extend calls run off the lanes */
   kivi_scratch *work = &kivi_lane_at(c, lane)->work;
   if (kivi_async_reserve(c, work, host_io + rot_io + rows_scratch(c, (int)rows, n_q_heads, &pl))) {

@@ -1,12 +1,13 @@
 /* GPU kernels of the attention calls besides the GQA decode kernel (decode_gqa.c): the fp16
  * cache's decode kernels (attention_f16.inc, attention_f16s.inc), the new tokens of an extend
  * call (attention_new.inc), the sink tokens' partials (attention_sink_gpu.inc) and the rotation
- * of head vectors (rotate_gpu.inc), each launched from a function below; and the eligibility
- * rules of the quantized caches' fast path. */
+ * of head vectors (rotate_gpu.inc), each launched from a function below.  Which of them a call
+ * runs is plan.c's choice. */
 #include "config.h"
 
 #include "internal.h"
 #include "kernels_attn.h"
+#include "plan.h"
 #include "rotate.h"
 
 #if KIVI_HAVE_OFFLOAD && defined(__clang__)
@@ -18,26 +19,6 @@
 #include "gpu_ops.h"
 
 #define KIVI_SINK_CHUNK 4 /* sink tokens whose rows the sink kernel loads together */
-
-/* What every GPU decode kernel of this file needs: a GPU context, KIVI_ATTENTION_FAST, R a power
- * of two >= 32 (block and ring slots by masks and shifts), blocks of < 4 GiB (32-bit offsets). */
-static int gpu_kernel_geometry(const kivi_cache *c) {
-  const int R = c->cfg.residual;
-  return c->ctx->on_gpu && c->cfg.attention == KIVI_ATTENTION_FAST && R >= 32 && (R & (R - 1)) == 0 &&
-         c->lay.block_bytes <= UINT32_MAX;
-}
-
-/* the quantized caches' fast path: the GQA kernel (decode_gqa.c) */
-int kivi_gpu_fast_eligible(const kivi_cache *c) {
-  const kivi_cache_config *f = &c->cfg;
-  return gpu_kernel_geometry(c) && (f->k_bits == 2 || f->k_bits == 4) && (f->v_bits == 2 || f->v_bits == 4) &&
-         f->group == 32 && (f->head_dim == 128 || f->head_dim == 64);
-}
-
-int kivi_gpu_f16_eligible(const kivi_cache *c) {
-  const kivi_cache_config *f = &c->cfg;
-  return gpu_kernel_geometry(c) && f->k_bits == 16 && f->v_bits == 16 && (f->head_dim == 128 || f->head_dim == 64);
-}
 
 void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                          int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
@@ -54,7 +35,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int dev = c->ctx->device;
   const int nblk = rows * H * nqc * nf;
   if (nblk <= 0) return;
-#if KIVI_F16_STREAM /* the streamed kernel, from KIVI_F16_STREAM_GSZ query heads per kv-head (internal.h) */
+#if KIVI_F16_STREAM /* the streamed kernel, from KIVI_F16_STREAM_GSZ query heads per kv-head (plan.h) */
   if (kivi_f16_streamed(gsz)) {
 #define KIVI_REGION_FILE "attention_f16s.inc"
 #include "region_d.inc"
@@ -79,10 +60,6 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   }
 #undef KIVI_REGION_FILE
 #endif
-}
-
-int kivi_gpu_extend_eligible(const kivi_cache *c) {
-  return c->ctx->on_gpu && c->cfg.attention == KIVI_ATTENTION_FAST && (c->cfg.head_dim == 64 || c->cfg.head_dim == 128);
 }
 
 void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
@@ -125,19 +102,7 @@ int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void 
   return 0;
 }
 
-#else /* no offload: never eligible */
-int kivi_gpu_fast_eligible(const kivi_cache *c) {
-  (void)c;
-  return 0;
-}
-int kivi_gpu_f16_eligible(const kivi_cache *c) {
-  (void)c;
-  return 0;
-}
-int kivi_gpu_extend_eligible(const kivi_cache *c) {
-  (void)c;
-  return 0;
-}
+#else /* no offload: never called (plan.c: never eligible) */
 void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
                          const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
                          float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,

@@ -35,6 +35,7 @@
 
 #include "internal.h"
 #include "kernels_attn.h"
+#include "plan.h"
 
 #if KIVI_HAVE_OFFLOAD && defined(__clang__)
 #include "gpu_ops.h"
@@ -616,10 +617,6 @@ static inline __attribute__((always_inline)) void gq_block(const gq_args *a, uns
     else GQ_LAUNCH(DD, 4, 4);                                                                                         \
   } while (0)
 
-int kivi_gpu_gqa_eligible(const kivi_cache *c, int HQ) {
-  return kivi_gpu_fast_eligible(c) && HQ % c->cfg.n_kv_heads == 0;
-}
-
 void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                          int col_beg, int col_lc, int fs, int nf, int ntail, int nslots, const float *q, float qmul,
                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane) {
@@ -644,12 +641,7 @@ void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
     GQ_LAUNCH_KV(128);
 }
 
-#else /* no offload: never eligible */
-int kivi_gpu_gqa_eligible(const kivi_cache *c, int HQ) {
-  (void)c;
-  (void)HQ;
-  return 0;
-}
+#else /* no offload: never called (plan.c: never eligible) */
 void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                          int col_beg, int col_lc, int fs, int nf, int ntail, int nslots, const float *q, float qmul,
                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane) {

@@ -311,7 +311,7 @@ static inline void fk_block_of(int blk, int np, int nf, int *sf, int *pair) {
 /* The tokens [t0, t0 + n) of split sf of a row whose fast part is [0, Lf): keys quantized in the
  * first ngq groups, values in the first nvq tokens.  The tail block (sf == nf, fused calls only)
  * takes [Lf, Lc) (*lc, read only there), whose later keys and values are in the fp16 windows;
- * where plan_call folds the last split into it, Lf = nf fs and its first tokens are that split's.
+ * where kivi_plan_call folds the last split into it, Lf = nf fs and its first tokens are that split's.
  * n <= 0 (block-uniform): the row has fewer fast splits. */
 static inline void fk_block_tokens(int sf, int nf, int fs, int Lf, const int64_t *lc, int Rm, int *t0, int *n, int *ngq,
                                    int *nvq) {

@@ -230,30 +230,6 @@ static inline size_t kivi_sink_at(const kivi_cache *c, int seq, int layer, int h
   return (((size_t)seq * c->cfg.n_layers + layer) * c->cfg.n_kv_heads + h) * (size_t)c->ns * c->cfg.head_dim;
 }
 
-/* The GPU fast path of 2- and 4-bit caches (the GQA kernel, decode_gqa.c): tokens [0, Lf) of a
- * row, Lf = floor(max(0, Lc - R) / KIVI_FAST_GRAIN) * KIVI_FAST_GRAIN, in splits; in a decode
- * call also the rest of the row (tail blocks) and the combine. */
-#define KIVI_FAST_GRAIN 32
-#define KIVI_FAST_SMS 132 /* the GPU the plans are tuned for: an H100's or H200's SMs */
-int kivi_gpu_fast_eligible(const kivi_cache *c);
-/* The GQA kernel (decode_gqa.c): one block per (row, kv-head, chunk of up to KIVI_GQA_NH query
- * heads, split); the plan's splits are the longest power of two from KIVI_GQA_MIN_SPLIT to
- * KIVI_GQA_MAX_SPLIT tokens whose blocks make at least KIVI_GQA_FILL (plan_call). */
-#define KIVI_GQA_NH 8
-#define KIVI_GQA_MIN_SPLIT 256
-#define KIVI_GQA_MAX_SPLIT 4096
-#define KIVI_GQA_FILL (3 * KIVI_FAST_SMS)
-/* A decode call's tokens past a row's splits (its last R + 31 at most, whose values are in the fp16
- * window) are taken by tail blocks of KIVI_GQA_TAIL tokens each, in fp32: kivi_gpu_gqa_tails(R) of
- * them per (row, kv-head, chunk), each with a partial slot after the splits' */
-#define KIVI_GQA_TAIL 64
-static inline int kivi_gpu_gqa_tails(int R) { return (R + 31 + KIVI_GQA_TAIL - 1) / KIVI_GQA_TAIL; }
-/* The chunks of at most nh query heads that a kv-head's gsz query heads make (the GQA and fp16
- * kernels take a block per chunk; the last one may hold fewer heads). */
-static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh; }
-/* 1 where the GQA kernel can take a call of HQ query heads (kivi_gpu_fast_eligible, HQ a
- * multiple of the kv-heads) */
-int kivi_gpu_gqa_eligible(const kivi_cache *c, int HQ);
 /* The GQA kernel's launch.  Partials of the splits (fs tokens each, the last one of a row shorter):
  * slots 0 .. nf-1 of part_o [rows][HQ][nslots][D] and part_ml [rows][HQ][nslots][2] (unnormalized
  * o, max m and sum l in base 2).  dd: the row descriptor in host memory, ndd int64 values (columns
@@ -266,62 +242,8 @@ void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
                          int col_beg, int col_lc, int fs, int nf, int ntail, int nslots, const float *q, float qmul,
                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
 
-/* GPU fp16-cache path (attention_gpu.c, attention_f16.inc): a decode call on a cache of 16-bit
- * keys and values, head_dim 64 or 128, R a power of two >= 32, in one launch: a block per (row,
- * kv-head, chunk of up to kivi_f16_heads(gsz) query heads, split of fs <= KIVI_F16_SPLIT(nh)
- * tokens, a multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by
- * the last block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head).
- * Chunks of 8 where a kv-head has more than 4 query heads (its K and V read once for them). */
-/* 1 (the default): where a kv-head has KIVI_F16_STREAM_GSZ or more query heads, the streamed
- * kernel (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
- * softmax, no block barrier) instead: 5-34 % less time at every GQA shape measured (docs/PERF.md,
- * round 27), and 4-7 % less at four of the five MHA shapes (3 % more at (1, 4096); round 33).
- * CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison; it is compiled
- * only where it can run (KIVI_F16_STREAM 0, or KIVI_F16_STREAM_GSZ above 1). */
-#ifndef KIVI_F16_STREAM
-#define KIVI_F16_STREAM 1
-#endif
-#ifndef KIVI_F16_STREAM_GSZ
-#define KIVI_F16_STREAM_GSZ 1 /* query heads per kv-head from which the streamed kernel serves */
-#endif
-static inline int kivi_f16_streamed(int gsz) { return KIVI_F16_STREAM && gsz >= KIVI_F16_STREAM_GSZ; }
-static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(gsz) ? 8 : 4; }
-#define KIVI_F16_SPLIT(nh) (8192 / (nh)) /* s_p: nh x split floats */
-#define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
-#define KIVI_F16_MAXSPLITS 32
-/* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
- * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
- * for measurement (docs/PERF.md, round 41) */
-#ifndef KIVI_F16S_NW
-#define KIVI_F16S_NW 2
-#endif
-/* 1: the streamed kernel copies a unit wholly in the pool at head_dim 128 in one statement
- * (fk_cp16s_unit128: 253 instructions a unit instead of 429), a build for measurement (docs/PERF.md,
- * round 41) */
-#ifndef KIVI_F16S_ROWS8
-#define KIVI_F16S_ROWS8 0
-#endif
-/* 1: the streamed kernel's combine takes 4 channels a thread with one 16-byte load a slot, a build
- * for measurement (docs/PERF.md, round 41) */
-#ifndef KIVI_F16S_CVEC
-#define KIVI_F16S_CVEC 0
-#endif
-/* the streamed kernel's plan (plan_call in attention.c) */
-#ifndef KIVI_F16S_BLOCKS
-#define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
-#endif
-#define KIVI_F16S_SPLITS 8 /* splits of the longest row the plan aims at, at most */
-#define KIVI_F16S_MAXSPLIT 4096                 /* the longest split it makes */
-#define KIVI_F16S_WAVE (12 / KIVI_F16S_NW * KIVI_FAST_SMS) /* its blocks resident at once (head_dim 128) */
-#define KIVI_F16S_FEW (3 * KIVI_FAST_SMS / 2)   /* fewer blocks than this: splits above 1024 halved */
-#define KIVI_F16S_ONE 2048 /* rows longer than this take one split where the pairs make KIVI_F16S_FEW blocks */
-#ifndef KIVI_F16S_MINSPLIT
-#define KIVI_F16S_MINSPLIT 128
-#endif
-#ifndef KIVI_F16_MINSPLIT
-#define KIVI_F16_MINSPLIT 256 /* tokens a split has at least where the plan may choose */
-#endif
-int kivi_gpu_f16_eligible(const kivi_cache *c);
+/* GPU fp16-cache path (attention_gpu.c, attention_f16s.inc; attention_f16.inc): a decode call on a
+ * cache of 16-bit keys and values in one launch, its plan in plan.c */
 void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                          int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
                          unsigned *cnt, void *out, int out_f16, int async, int lane);
@@ -335,7 +257,6 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
  * ex 2 H P / 32 int32.  Writes slot `slot` of the nslots partials of every (row, query head), or,
  * with nslots = 1, out and lse.  q, kn, vn 16-byte aligned. */
 #define KIVI_NEW_TILE 64
-int kivi_gpu_extend_eligible(const kivi_cache *c);
 void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
                          const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
                          float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,

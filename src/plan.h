@@ -1,0 +1,140 @@
+/* The plan of an attention call: which kernels run, in how many splits, and every tuning
+ * constant and eligibility rule they depend on.  kivi_plan_call is the one function that picks
+ * the kernels of a call (attention.c runs what it returns); the kivi_gpu_*_eligible functions
+ * answer whether a cache's geometry has a GPU kernel at all.  Figures in the comments are the
+ * measurements that chose each constant (docs/PERF.md). */
+#ifndef KIVI_PLAN_H
+#define KIVI_PLAN_H
+
+#include "internal.h"
+
+/* ---- the portable kernel (attention_portable.inc) */
+/* Team-shared capacities (floats).  Static shared memory is limited to 48 KiB per team. */
+#define KIVI_ATT_QCAP 1024  /* query heads x head_dim of one item */
+#define KIVI_ATT_TILE 128   /* tokens per K staging tile (a multiple of every G) */
+#define KIVI_ATT_QSCAP 4096 /* q * scale of a tile's key groups, per head */
+#define KIVI_ATT_PCAP 4096  /* logits / probabilities of a split, per head */
+#define KIVI_ATT_OCAP 2048  /* V partial sums: token lanes x head_dim (= threads x 32/bits) */
+#define KIVI_ATT_NT 128     /* threads per team on the GPU */
+#define KIVI_ATT_GPU_ITEMS 2048 /* enough teams to fill an H200 (132 SMs) several times */
+_Static_assert(KIVI_ATT_QCAP >= KIVI_MAX_HEAD_DIM, "an item holds at least one head");
+_Static_assert(KIVI_ATT_QSCAP >= (KIVI_ATT_TILE / KIVI_MIN_GROUP) * KIVI_MAX_HEAD_DIM, "a tile's groups fit");
+_Static_assert(KIVI_ATT_OCAP >= KIVI_ATT_NT * 16, "V partials of all lanes fit");
+_Static_assert(KIVI_ATT_PCAP % KIVI_ATT_TILE == 0, "splits are whole tiles");
+
+/* R_BEG: first token of the portable kernel; R_LC: the row's tokens in the quantized stream,
+ * R_NS: its sink tokens (kivi_cache_config.sinks), whose partial the sink kernel writes */
+enum { R_SEQ, R_LC, R_E, R_NEW, R_BEG, R_NS, R_NCOLS };
+
+/* Heads per item and tokens per split: the split's logits of all the item's heads must fit in
+ * KIVI_ATT_PCAP, and there must be enough items to fill the device. */
+typedef struct att_plan {
+  int hc, nqc;
+  int64_t nsplit, split_len, nitems; /* the portable kernel's splits of [R_BEG, T) */
+  int nf, fs;                        /* GPU fast-path splits before them (0: none), their length */
+  int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
+  int gqa;                           /* the fast path's kernel is the GQA kernel (decode_gqa.c) */
+  int ntail;                         /* its tail blocks per (row, kv-head, chunk) in a decode call */
+  int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
+  int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 - sink */
+  int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
+  int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
+  int64_t new_pad;                   /* its staging rows (each sequence's new tokens padded to 32) */
+  int64_t nslots;                    /* partials per (row, head): nf + nsplit (+ 1 newk), or nf + 1 fused; + 1 sink */
+} att_plan;
+
+/* ---- the GPU kernels' eligibility: a GPU context, KIVI_ATTENTION_FAST, R a power of two >= 32,
+ * blocks of < 4 GiB; 0 in builds without offload */
+/* 2- or 4-bit keys and values (any mix), G = 32, head_dim 64 or 128: the GQA kernel */
+int kivi_gpu_fast_eligible(const kivi_cache *c);
+/* the same, HQ a multiple of the kv-heads */
+int kivi_gpu_gqa_eligible(const kivi_cache *c, int HQ);
+/* 16-bit keys and values, head_dim 64 or 128: the fp16 cache's decode kernel */
+int kivi_gpu_f16_eligible(const kivi_cache *c);
+/* head_dim 64 or 128: an extend call's new tokens on the tensor cores (attention_new.inc) */
+int kivi_gpu_extend_eligible(const kivi_cache *c);
+
+/* ---- the GQA kernel (decode_gqa.c) */
+/* The GPU fast path of 2- and 4-bit caches (the GQA kernel, decode_gqa.c): tokens [0, Lf) of a
+ * row, Lf = floor(max(0, Lc - R) / KIVI_FAST_GRAIN) * KIVI_FAST_GRAIN, in splits; in a decode
+ * call also the rest of the row (tail blocks) and the combine. */
+#define KIVI_FAST_GRAIN 32
+#define KIVI_FAST_SMS 132 /* the GPU the plans are tuned for: an H100's or H200's SMs */
+/* The GQA kernel (decode_gqa.c): one block per (row, kv-head, chunk of up to KIVI_GQA_NH query
+ * heads, split); the plan's splits are the longest power of two from KIVI_GQA_MIN_SPLIT to
+ * KIVI_GQA_MAX_SPLIT tokens whose blocks make at least KIVI_GQA_FILL (kivi_plan_call). */
+#define KIVI_GQA_NH 8
+#define KIVI_GQA_MIN_SPLIT 256
+#define KIVI_GQA_MAX_SPLIT 4096
+#define KIVI_GQA_FILL (3 * KIVI_FAST_SMS)
+/* A decode call's tokens past a row's splits (its last R + 31 at most, whose values are in the fp16
+ * window) are taken by tail blocks of KIVI_GQA_TAIL tokens each, in fp32: kivi_gpu_gqa_tails(R) of
+ * them per (row, kv-head, chunk), each with a partial slot after the splits' */
+#define KIVI_GQA_TAIL 64
+static inline int kivi_gpu_gqa_tails(int R) { return (R + 31 + KIVI_GQA_TAIL - 1) / KIVI_GQA_TAIL; }
+/* The chunks of at most nh query heads that a kv-head's gsz query heads make (the GQA and fp16
+ * kernels take a block per chunk; the last one may hold fewer heads). */
+static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh; }
+
+/* ---- the fp16 cache's kernels (attention_f16s.inc, attention_f16.inc) */
+/* GPU fp16-cache path (attention_gpu.c, attention_f16.inc): a decode call on a cache of 16-bit
+ * keys and values, head_dim 64 or 128, R a power of two >= 32, in one launch: a block per (row,
+ * kv-head, chunk of up to kivi_f16_heads(gsz) query heads, split of fs <= KIVI_F16_SPLIT(nh)
+ * tokens, a multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by
+ * the last block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head).
+ * Chunks of 8 where a kv-head has more than 4 query heads (its K and V read once for them). */
+/* 1 (the default): where a kv-head has KIVI_F16_STREAM_GSZ or more query heads, the streamed
+ * kernel (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
+ * softmax, no block barrier) instead: 5-34 % less time at every GQA shape measured (docs/PERF.md,
+ * round 27), and 4-7 % less at four of the five MHA shapes (3 % more at (1, 4096); round 33).
+ * CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison; it is compiled
+ * only where it can run (KIVI_F16_STREAM 0, or KIVI_F16_STREAM_GSZ above 1). */
+#ifndef KIVI_F16_STREAM
+#define KIVI_F16_STREAM 1
+#endif
+#ifndef KIVI_F16_STREAM_GSZ
+#define KIVI_F16_STREAM_GSZ 1 /* query heads per kv-head from which the streamed kernel serves */
+#endif
+static inline int kivi_f16_streamed(int gsz) { return KIVI_F16_STREAM && gsz >= KIVI_F16_STREAM_GSZ; }
+static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(gsz) ? 8 : 4; }
+#define KIVI_F16_SPLIT(nh) (8192 / (nh)) /* s_p: nh x split floats */
+#define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
+#define KIVI_F16_MAXSPLITS 32
+/* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
+ * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
+ * for measurement (docs/PERF.md, round 41) */
+#ifndef KIVI_F16S_NW
+#define KIVI_F16S_NW 2
+#endif
+/* 1: the streamed kernel copies a unit wholly in the pool at head_dim 128 in one statement
+ * (fk_cp16s_unit128: 253 instructions a unit instead of 429), a build for measurement (docs/PERF.md,
+ * round 41) */
+#ifndef KIVI_F16S_ROWS8
+#define KIVI_F16S_ROWS8 0
+#endif
+/* 1: the streamed kernel's combine takes 4 channels a thread with one 16-byte load a slot, a build
+ * for measurement (docs/PERF.md, round 41) */
+#ifndef KIVI_F16S_CVEC
+#define KIVI_F16S_CVEC 0
+#endif
+/* the streamed kernel's plan (kivi_plan_call) */
+#ifndef KIVI_F16S_BLOCKS
+#define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
+#endif
+#define KIVI_F16S_SPLITS 8 /* splits of the longest row the plan aims at, at most */
+#define KIVI_F16S_MAXSPLIT 4096                 /* the longest split it makes */
+#define KIVI_F16S_WAVE (12 / KIVI_F16S_NW * KIVI_FAST_SMS) /* its blocks resident at once (head_dim 128) */
+#define KIVI_F16S_FEW (3 * KIVI_FAST_SMS / 2)   /* fewer blocks than this: splits above 1024 halved */
+#define KIVI_F16S_ONE 2048 /* rows longer than this take one split where the pairs make KIVI_F16S_FEW blocks */
+#ifndef KIVI_F16S_MINSPLIT
+#define KIVI_F16S_MINSPLIT 128
+#endif
+#ifndef KIVI_F16_MINSPLIT
+#define KIVI_F16_MINSPLIT 256 /* tokens a split has at least where the plan may choose */
+#endif
+
+/* The plan of a call of `rows` rows (descriptor hd, columns R_*: R_BEG is filled here) with HQ
+ * query heads: decode (no new tokens) or extend (newk: the new tokens' GPU kernel takes them). */
+att_plan kivi_plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int decode, int newk);
+
+#endif
