@@ -6,10 +6,12 @@
 1. Tokenizer: the HF `tokenizers` package (if importable) built from the file's vocabulary and
    merges with SmolLM2's pre-tokenizer (digits split, GPT-2 byte level) must give exactly the ids
    of `kivi-run tokenize` on a set of strings and on TEXT.
-2. Forward pass: a float64 NumPy implementation written from the Llama definition (its own GGUF
-   parser and Q4_1/Q8_0 dequantization, RoPE on adjacent pairs, GQA, SwiGLU) computes the
-   perplexity of the first N_TOKENS tokens of TEXT; `kivi-run ppl --kv fp16` on the same window
-   must agree within PPL_REL_TOL (its cache keeps keys and values in fp16, its sums are fp32).
+2. Forward pass: a float64 NumPy implementation written from the Llama and Qwen2 definitions
+   (its own GGUF parser and Q4_1/Q5_0/Q8_0/Q4_K/Q6_K dequantization, written from ggml's block
+   layouts; RoPE on adjacent pairs for llama files, on the halves of each head (NEOX) for qwen2
+   files, whose q/k/v biases it adds; GQA, SwiGLU) computes the perplexity of the first N_TOKENS
+   tokens of TEXT; `kivi-run ppl --kv fp16` on the same window must agree within PPL_REL_TOL (its
+   cache keeps keys and values in fp16, its sums are fp32).
 Exit status 0 when both hold.
 """
 import json, os, struct, subprocess, sys, tempfile
@@ -77,6 +79,36 @@ def dequant(buf, base, dims, typ, toff):
         qs = b[:, 4:20]
         q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.float64)
         x = (q * d + m).reshape(-1)
+    elif typ == 6:  # Q5_0: fp16 d, u32 of fifth bits, 16 bytes of nibbles; (q - 16) d
+        b = np.frombuffer(buf, np.uint8, n // 32 * 22, start).reshape(-1, 22)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
+        qh = b[:, 2:6].copy().view("<u4")
+        qs = b[:, 6:22]
+        bit = (qh >> np.arange(32, dtype=np.uint32)[None, :]) & 1
+        q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.int64) | (bit.astype(np.int64) << 4)
+        x = ((q - 16) * d).reshape(-1)
+    elif typ == 12:  # Q4_K: 256 = 8 sub-blocks of 32; fp16 d, dmin; 12 bytes of 6-bit scales/mins
+        b = np.frombuffer(buf, np.uint8, n // 256 * 144, start).reshape(-1, 144)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
+        dmin = b[:, 2:4].copy().view(np.float16).astype(np.float64)
+        s = b[:, 4:16].astype(np.int64)
+        sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+        mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+        qs = b[:, 16:144].reshape(-1, 4, 32)  # chunk c: sub-block 2c low nibbles, 2c + 1 high
+        q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float64)
+        x = (d[:, :, None] * sc[:, :, None] * q - dmin[:, :, None] * mn[:, :, None]).reshape(-1)
+    elif typ == 14:  # Q6_K: ql[128] low nibbles, qh[64] high 2 bits, 16 int8 scales, fp16 d
+        b = np.frombuffer(buf, np.uint8, n // 256 * 210, start).reshape(-1, 210)
+        d = b[:, 208:210].copy().view(np.float16).astype(np.float64)
+        sc = b[:, 192:208].copy().view(np.int8).astype(np.float64).reshape(-1, 2, 4, 2)
+        halves = []
+        for h in range(2):
+            ql, qh = b[:, 64 * h:64 * h + 64].astype(np.int64), b[:, 128 + 32 * h:160 + 32 * h].astype(np.int64)
+            parts = [(ql[:, :32] & 15) | (((qh >> 0) & 3) << 4), (ql[:, 32:] & 15) | (((qh >> 2) & 3) << 4),
+                     (ql[:, :32] >> 4) | (((qh >> 4) & 3) << 4), (ql[:, 32:] >> 4) | (((qh >> 6) & 3) << 4)]
+            halves.append(np.stack(parts, axis=1))  # [blocks][4][32]
+        q = np.stack(halves, axis=1).astype(np.float64) - 32  # [blocks][2][4][32]
+        x = (d[:, :, None, None] * np.repeat(sc, 16, axis=3) * q).reshape(-1)
     elif typ == 8:  # Q8_0: fp16 d, 32 int8
         b = np.frombuffer(buf, np.uint8, n // 32 * 34, start).reshape(-1, 34)
         d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
@@ -96,8 +128,15 @@ def hf_tokenizer(meta):
     vocab = {t: i for i, t in enumerate(toks)}
     merges = [tuple(m.decode("utf-8").split(" ")) for m in meta["tokenizer.ggml.merges"]]
     tk = Tokenizer(models.BPE(vocab, merges))
-    tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    if meta.get("tokenizer.ggml.pre") == b"qwen2":  # Qwen2's tokenizer.json: a Split, then the byte level
+        from tokenizers import Regex
+        pat = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
+        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pat), "isolated"),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tk.decoder = decoders.ByteLevel()
     return tk
 
@@ -117,12 +156,14 @@ def forward_nll(buf, meta, tensors, base, ids, attend=None, dtype=np.float64):
     """The negative log-likelihood of each next token and the logits.  attend(q, k, v, kpre,
     rope) -> o [T][H][hd], when given, replaces the exact causal attention (q and k after RoPE,
     kpre before it; rope(x [T][n][hd], n) rotates); dtype: the arithmetic (kv-sim.py: float32)."""
-    L = meta["llama.block_count"]
-    H, KVH = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
-    dim = meta["llama.embedding_length"]
+    arch = meta["general.architecture"].decode()
+    L = meta[arch + ".block_count"]
+    H, KVH = meta[arch + ".attention.head_count"], meta[arch + ".attention.head_count_kv"]
+    dim = meta[arch + ".embedding_length"]
     hd = dim // H
-    eps = meta["llama.attention.layer_norm_rms_epsilon"]
-    theta = meta.get("llama.rope.freq_base", 10000.0)
+    eps = meta[arch + ".attention.layer_norm_rms_epsilon"]
+    theta = meta.get(arch + ".rope.freq_base", 10000.0)
+    neox = arch == "qwen2"  # llama.cpp: LLM_ARCH_QWEN2 -> LLAMA_ROPE_TYPE_NEOX
     cache = {}
 
     def W(name):
@@ -143,19 +184,27 @@ def forward_nll(buf, meta, tensors, base, ids, attend=None, dtype=np.float64):
         return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * w
 
     def rope(v, nh):
-        v = v.reshape(T, nh, hd // 2, 2)
-        a, b = v[..., 0], v[..., 1]
         c, s = cos[:, None, :], sin[:, None, :]
+        if neox:  # pairs (i, i + hd/2)
+            v = v.reshape(T, nh, hd)
+            a, b = v[..., :hd // 2], v[..., hd // 2:]
+            return np.concatenate([a * c - b * s, a * s + b * c], -1)
+        v = v.reshape(T, nh, hd // 2, 2)  # pairs (2i, 2i + 1)
+        a, b = v[..., 0], v[..., 1]
         return np.stack([a * c - b * s, a * s + b * c], -1).reshape(T, nh, hd)
+
+    def proj(h, p, what):  # h W^T (+ bias where the file has one)
+        y = h @ W(p + what + ".weight").T
+        return y + W(p + what + ".bias") if p + what + ".bias" in tensors else y
 
     mask = np.triu(np.full((T, T), -np.inf), 1)
     for l in range(L):
         p = "blk.%d." % l
         h = rms(x, W(p + "attn_norm.weight"))
-        q = rope(h @ W(p + "attn_q.weight").T, H)
-        kpre = h @ W(p + "attn_k.weight").T
+        q = rope(proj(h, p, "attn_q"), H)
+        kpre = proj(h, p, "attn_k")
         k = rope(kpre, KVH)
-        v = (h @ W(p + "attn_v.weight").T).reshape(T, KVH, hd)
+        v = proj(h, p, "attn_v").reshape(T, KVH, hd)
         if attend is not None:
             o = attend(q, k, v, kpre.reshape(T, KVH, hd), rope)
         else:

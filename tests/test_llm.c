@@ -75,6 +75,58 @@ START_TEST(dequant_blocks) {
 }
 END_TEST
 
+/* The K-quants' super-blocks of 256 elements (ggml-common.h's block_q4_K and block_q6_K), one
+ * block each with every field set by hand. */
+START_TEST(dequant_k_blocks) {
+  float y[256];
+  uint8_t b[210];
+  /* q4_K: d = 1 (0x3C00), dmin = 0.5 (0x3800); 12 scale bytes give sub-block scales sc and mins mn:
+   * j < 4 the low 6 bits of bytes j and j + 4; j >= 4 a nibble of byte j + 4 with the top 2 bits
+   * of bytes j - 4 (scale) and j (min) as bits 4-5.  Bytes: 0x41 (sc0 1, sc4 gets 16), 2, 3, 4;
+   * 5, 0x80 (mn1 0, mn5 gets 32), 0, 0; 0x23 (sc4 3 + 16 = 19, mn4 2), 0x17 (sc5 7, mn5 1 + 32),
+   * 0 (sc6 0, mn6 0), 0xFF (sc7 15, mn7 15). */
+  const uint8_t sc4[12] = {0x41, 2, 3, 4, 5, 0x80, 0, 0, 0x23, 0x17, 0, 0xFF};
+  const float sc[8] = {1, 2, 3, 4, 19, 7, 0, 15}, mn[8] = {5, 0, 0, 0, 2, 33, 0, 15};
+  put16(b, 0x3C00);
+  put16(b + 2, 0x3800);
+  memcpy(b + 4, sc4, 12);
+  /* 128 bytes of nibbles: 32-byte chunk c holds sub-block 2c in its low nibbles and 2c + 1 in its
+   * high ones; byte l of a chunk: low l % 16, high 15 - l % 16 */
+  for (int i = 0; i < 128; ++i) b[16 + i] = (uint8_t)((i & 15) | (15 - (i & 15)) << 4);
+  ck_assert_int_eq(llm_dequantize(GGML_Q4_K, b, 256, y), 0);
+  for (int j = 0; j < 8; ++j)
+    for (int l = 0; l < 32; ++l) {
+      const int q = j & 1 ? 15 - l % 16 : l % 16;
+      ck_assert_float_eq(y[32 * j + l], sc[j] * (float)q - 0.5f * mn[j]);
+    }
+  ck_assert_float_eq(y[3], 0.5f);      /* 1 x 3 - 0.5 x 5 */
+  ck_assert_float_eq(y[128 + 5], 94.0f);   /* sub-block 4: 19 x 5 - 0.5 x 2 */
+  ck_assert_float_eq(y[160 + 5], 53.5f);   /* sub-block 5: 7 x 10 - 0.5 x 33 */
+  ck_assert_float_eq(y[224 + 20], 157.5f); /* sub-block 7: 15 x 11 - 0.5 x 15 */
+  /* q6_K: ql[128] low nibbles, qh[64] 2 high bits, 16 int8 scales, fp16 d = 0.25 (0x3400) last.
+   * ql[i] = i; qh = 0xE4 everywhere (bits 2k..2k+1 = k); scale i = +(i + 1) for even i, -(i + 1)
+   * for odd.  Element 32 k + l of half h: 4 bits from ql[64 h + l + 32 (k & 1)] (low nibble for
+   * k < 2, high for k >= 2), high bits k, scale 8 h + 2 k + l / 16; x = d scale (q - 32). */
+  for (int i = 0; i < 128; ++i) b[i] = (uint8_t)i;
+  for (int i = 0; i < 64; ++i) b[128 + i] = 0xE4;
+  for (int i = 0; i < 16; ++i) b[192 + i] = (uint8_t)(int8_t)(i % 2 ? -(i + 1) : i + 1);
+  put16(b + 208, 0x3400);
+  ck_assert_int_eq(llm_dequantize(GGML_Q6_K, b, 256, y), 0);
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int byte = 64 * h + l + 32 * (k & 1), lo = k < 2 ? byte & 15 : byte >> 4, si = 8 * h + 2 * k + l / 16;
+        const float scale = (float)(si % 2 ? -(si + 1) : si + 1);
+        ck_assert_float_eq(y[128 * h + 32 * k + l], 0.25f * scale * (float)((lo | k << 4) - 32));
+      }
+  ck_assert_float_eq(y[5], -6.75f);         /* ql[5] = 5, high bits 0: q = -27, scale 1 */
+  ck_assert_float_eq(y[128 + 96 + 20], -92.0f); /* ql[116] >> 4 = 7, high bits 3: q = 23, scale -16 */
+  /* a length that is not whole super-blocks */
+  ck_assert_int_eq(llm_dequantize(GGML_Q4_K, b, 32, y), -1);
+  ck_assert_int_eq(llm_dequantize(GGML_Q6_K, b, 128, y), -1);
+}
+END_TEST
+
 /* ---- tokenizer on a small vocabulary ---- */
 
 typedef struct dbuf {
@@ -117,18 +169,35 @@ static void byte_token(int b, char *out) {
   }
 }
 
-/* ids 0..255: the bytes; then merged tokens; then two control tokens */
+/* ids 0..255: the bytes; then merged tokens; then two control tokens; then tokens that only
+ * Qwen2's pre-tokenizer can make, its pieces crossing the SmolLM2 pieces' borders: "(hello",
+ * ".\n" (\n is U+010A in the byte alphabet), "'S", "\thello" (\t is U+0109) */
 static const char *MERGED[] = {"he", "ll", "hell", "hello", "\xC4\xA0w", "or", "\xC4\xA0wor", "ld", "\xC4\xA0world"};
 static const char *MERGES[] = {"h e", "l l", "he ll", "hell o", "\xC4\xA0 w", "o r", "\xC4\xA0w or", "l d",
-                               "\xC4\xA0wor ld"};
-enum { N_MERGED = 9, ID_HELLO = 259, ID_SP_WORLD = 264, ID_IM_START = 265, ID_IM_END = 266, N_TOKENS = 267 };
+                               "\xC4\xA0wor ld", "( hello", ". \xC4\x8A", "' S", "\xC4\x89 hello"};
+static const char *CROSSING[] = {"(hello", ".\xC4\x8A", "'S", "\xC4\x89hello"};
+enum {
+  N_MERGED = 9, ID_HELLO = 259, ID_SP_WORLD = 264, ID_IM_START = 265, ID_IM_END = 266, ID_PAREN_HELLO = 267,
+  ID_DOT_NL = 268, ID_APOS_S = 269, ID_TAB_HELLO = 270, N_TOKENS = 271, N_MERGES = 13
+};
 
-static dbuf vocab_gguf(void) {
+/* pre: tokenizer.ggml.pre (NULL: none); tmpl: tokenizer.chat_template (NULL: none) */
+static dbuf vocab_gguf(const char *pre, const char *tmpl) {
   dbuf o = {NULL, 0, 0};
   dint(&o, 0x46554747u, 4);
   dint(&o, 3, 4);
   dint(&o, 0, 8); /* tensors */
-  dint(&o, 5, 8); /* metadata */
+  dint(&o, 5 + (pre != NULL) + (tmpl != NULL), 8); /* metadata */
+  if (pre) {
+    dstr(&o, "tokenizer.ggml.pre");
+    dint(&o, GGUF_STRING, 4);
+    dstr(&o, pre);
+  }
+  if (tmpl) {
+    dstr(&o, "tokenizer.chat_template");
+    dint(&o, GGUF_STRING, 4);
+    dstr(&o, tmpl);
+  }
   dstr(&o, "tokenizer.ggml.model");
   dint(&o, GGUF_STRING, 4);
   dstr(&o, "gpt2");
@@ -144,16 +213,17 @@ static dbuf vocab_gguf(void) {
   for (int i = 0; i < N_MERGED; ++i) dstr(&o, MERGED[i]);
   dstr(&o, "<|im_start|>");
   dstr(&o, "<|im_end|>");
+  for (int i = 0; i < 4; ++i) dstr(&o, CROSSING[i]);
   dstr(&o, "tokenizer.ggml.token_type");
   dint(&o, GGUF_ARRAY, 4);
   dint(&o, GGUF_INT32, 4);
   dint(&o, N_TOKENS, 8);
-  for (int i = 0; i < N_TOKENS; ++i) dint(&o, i >= ID_IM_START ? 3 : 1, 4);
+  for (int i = 0; i < N_TOKENS; ++i) dint(&o, i == ID_IM_START || i == ID_IM_END ? 3 : 1, 4);
   dstr(&o, "tokenizer.ggml.merges");
   dint(&o, GGUF_ARRAY, 4);
   dint(&o, GGUF_STRING, 4);
-  dint(&o, N_MERGED, 8);
-  for (int i = 0; i < N_MERGED; ++i) dstr(&o, MERGES[i]);
+  dint(&o, N_MERGES, 8);
+  for (int i = 0; i < N_MERGES; ++i) dstr(&o, MERGES[i]);
   dstr(&o, "tokenizer.ggml.eos_token_id");
   dint(&o, GGUF_UINT32, 4);
   dint(&o, ID_IM_END, 4);
@@ -171,7 +241,7 @@ static void expect(const llm_tokenizer *t, const char *text, int special, const 
 }
 
 START_TEST(tokenizer_small_vocabulary) {
-  dbuf g = vocab_gguf();
+  dbuf g = vocab_gguf(NULL, NULL);
   gguf_file f;
   char err[256];
   ck_assert_msg(gguf_parse(g.b, g.n, &f, err, sizeof err) == 0, "%s", err);
@@ -192,6 +262,11 @@ START_TEST(tokenizer_small_vocabulary) {
   expect(t, "\nhello", 0, (const int[]){'\n', ID_HELLO}, 2);
   /* non-ASCII letters: UTF-8 bytes through the byte alphabet */
   expect(t, "h\xC3\xA9", 0, (const int[]){'h', 0xC3, 0xA9}, 3);
+  /* SmolLM2's pieces never cross where Qwen2's do (tokenizer_qwen2) */
+  expect(t, "(hello", 0, (const int[]){'(', ID_HELLO}, 2);
+  expect(t, "end.\nhello", 0, (const int[]){'e', 'n', 'd', '.', '\n', ID_HELLO}, 6);
+  expect(t, "it'S", 0, (const int[]){'i', 't', '\'', 'S'}, 4);
+  expect(t, "\thello", 0, (const int[]){'\t', ID_HELLO}, 2);
   /* decode(encode(x)) == x for arbitrary bytes, invalid UTF-8 and NULs included */
   uint64_t seed = 7;
   for (int trial = 0; trial < 200; ++trial) {
@@ -220,11 +295,60 @@ START_TEST(tokenizer_small_vocabulary) {
 }
 END_TEST
 
+/* Qwen2's pre-tokenizer (tokenizer.ggml.pre = "qwen2") on the same vocabulary: one character that
+ * is not a letter, digit or line break joins the letters after it, punctuation takes the line
+ * breaks after it, contractions in any case; and the chat template's default system message. */
+START_TEST(tokenizer_qwen2) {
+  static const char sys[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+  /* as Qwen2.5's template has it: a system header followed by an expression first (not a
+   * default), then the default in a Jinja string literal (its newlines as backslash-n) */
+  static const char tmpl[] = "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- else %}{{- '<|im_start|>system\\n"
+                             "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+                             "{%- endif %}";
+  dbuf g = vocab_gguf("qwen2", tmpl);
+  gguf_file f;
+  char err[256];
+  ck_assert_msg(gguf_parse(g.b, g.n, &f, err, sizeof err) == 0, "%s", err);
+  llm_tokenizer *t = NULL;
+  ck_assert_msg(llm_tokenizer_load(&f, &t, err, sizeof err) == 0, "%s", err);
+  expect(t, "hello world", 0, (const int[]){ID_HELLO, ID_SP_WORLD}, 2);
+  expect(t, "hello  world", 0, (const int[]){ID_HELLO, ' ', ID_SP_WORLD}, 3);
+  expect(t, "(hello", 0, (const int[]){ID_PAREN_HELLO}, 1);
+  expect(t, "((hello", 0, (const int[]){'(', '(', ID_HELLO}, 3); /* "((" is one piece, then "hello" */
+  expect(t, "end.\nhello", 0, (const int[]){'e', 'n', 'd', ID_DOT_NL, ID_HELLO}, 5);
+  expect(t, "it'S", 0, (const int[]){'i', 't', ID_APOS_S}, 3);
+  expect(t, "\thello", 0, (const int[]){ID_TAB_HELLO}, 1);
+  expect(t, "a12", 0, (const int[]){'a', '1', '2'}, 3);
+  expect(t, " \n\nhello", 0, (const int[]){' ', '\n', '\n', ID_HELLO}, 4);
+  /* the chat prompt's default system message is the template's */
+  int *a = NULL, *b = NULL;
+  size_t na = 0, nb = 0, ca = 0, cb = 0;
+  ck_assert_int_eq(llm_chat_prompt(t, NULL, "hello", &a, &na, &ca), 0);
+  ck_assert_int_eq(llm_chat_prompt(t, sys, "hello", &b, &nb, &cb), 0);
+  ck_assert_uint_eq(na, nb);
+  ck_assert_int_eq(memcmp(a, b, na * sizeof *a), 0);
+  free(a);
+  free(b);
+  llm_tokenizer_free(t);
+  gguf_close(&f);
+  free(g.b);
+  /* a pre-tokenizer it does not have is a clear error */
+  g = vocab_gguf("llama-bpe", NULL);
+  ck_assert_msg(gguf_parse(g.b, g.n, &f, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(llm_tokenizer_load(&f, &t, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "llama-bpe"));
+  gguf_close(&f);
+  free(g.b);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("llm");
   TCase *tc = tcase_create("llm");
   tcase_add_test(tc, dequant_blocks);
+  tcase_add_test(tc, dequant_k_blocks);
   tcase_add_test(tc, tokenizer_small_vocabulary);
+  tcase_add_test(tc, tokenizer_qwen2);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -1,8 +1,9 @@
 /* kivi-gguf-info: validates a GGUF model file and prints what the model examples read from it:
- * the Llama geometry from the metadata (layers, heads, kv-heads, head_dim, RoPE base, context,
- * vocabulary) and the tensor table (name, shape, type, bytes).
+ * the architecture and its geometry from the metadata (layers, heads, kv-heads, head_dim, RoPE
+ * base, context, vocabulary), read under the architecture's name (llama.*, qwen2.*), and the
+ * tensor table (name, shape, type, bytes).
  *   kivi_gguf_info MODEL.gguf [--tensors]
- * Exit status 0: the file is valid and has the Llama keys; 1: it is not; 2: usage. */
+ * Exit status 0: the file is valid and has the geometry keys; 1: it is not; 2: usage. */
 #include <stdio.h>
 #include <string.h>
 
@@ -38,7 +39,7 @@ static const char *type_name(uint32_t t) {
 
 int main(int argc, char **argv) {
   static const char usage[] = "usage: kivi_gguf_info MODEL.gguf [--tensors] [--help] [--version]\n"
-                              "Validates a GGUF file and prints its Llama geometry (and its tensors).\n";
+                              "Validates a GGUF file and prints its architecture, geometry (and its tensors).\n";
   const int info_rc = kivi_cli_info(argc, argv, "kivi_gguf_info", PACKAGE_VERSION, usage);
   if (info_rc >= 0) return info_rc;
   if (argc < 2) return kivi_cli_bad("kivi_gguf_info", "missing", "MODEL.gguf");
@@ -50,23 +51,37 @@ int main(int argc, char **argv) {
     fprintf(stderr, "kivi_gguf_info: %s: %s\n", argv[1], err);
     return 1;
   }
-  const char *keys[] = {"llama.block_count", "llama.attention.head_count", "llama.attention.head_count_kv",
-                        "llama.embedding_length", "llama.feed_forward_length", "llama.context_length"};
+  char arch[32] = "llama"; /* general.architecture, if the file names one */
+  const gguf_kv *ak = gguf_find_kv(&f, "general.architecture");
+  if (ak && ak->type == GGUF_STRING) {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = n << 8 | ak->val[i];
+    if (n < sizeof arch) {
+      memcpy(arch, ak->val + 8, n);
+      arch[n] = 0;
+    }
+  }
+  const char *names[] = {"block_count", "attention.head_count", "attention.head_count_kv", "embedding_length",
+                         "feed_forward_length", "context_length"};
   int64_t v[6];
   int ok = 1;
+  char key[96];
   for (int i = 0; i < 6; ++i) {
-    if (!gguf_get_int(&f, keys[i], &v[i])) {
-      fprintf(stderr, "kivi_gguf_info: missing %s\n", keys[i]);
+    snprintf(key, sizeof key, "%s.%s", arch, names[i]);
+    if (!gguf_get_int(&f, key, &v[i])) {
+      fprintf(stderr, "kivi_gguf_info: missing %s\n", key);
       ok = 0;
       v[i] = 0;
     }
   }
   double theta = 0, eps = 0;
-  if (!gguf_get_float(&f, "llama.rope.freq_base", &theta)) theta = 10000.0; /* the GGUF default */
-  gguf_get_float(&f, "llama.attention.layer_norm_rms_epsilon", &eps);
+  snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+  if (!gguf_get_float(&f, key, &theta)) theta = 10000.0; /* the GGUF default */
+  snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+  gguf_get_float(&f, key, &eps);
   const gguf_kv *vocab = gguf_find_kv(&f, "tokenizer.ggml.tokens");
-  printf("GGUF v%u, %llu metadata entries, %llu tensors\n", f.version, (unsigned long long)f.n_kv,
-         (unsigned long long)f.n_tensors);
+  printf("GGUF v%u, %llu metadata entries, %llu tensors, architecture %s\n", f.version, (unsigned long long)f.n_kv,
+         (unsigned long long)f.n_tensors, arch);
   printf("layers %lld, heads %lld, kv-heads %lld, embedding %lld, head_dim %lld, ffn %lld, context %lld\n",
          (long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3], v[1] ? (long long)(v[3] / v[1]) : 0LL,
          (long long)v[4], (long long)v[5]);

@@ -1,5 +1,6 @@
-/* kivi-run: a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default) running on a
- * libkivi-omp KV cache, in C.
+/* kivi-run: a Llama- or Qwen2-architecture GGUF model (SmolLM2-135M-Instruct by default;
+ * Qwen2.5-Coder-1.5B-Instruct and -0.5B through scripts/fetch-model.sh) running on a libkivi-omp
+ * KV cache, in C.
  *
  *   kivi-run generate [--prompt TEXT] [--prompt-file F] | --prompts F [--max-tokens N] [--temperature T] ...
  *   kivi-run ppl FILE [--ctx N] [--max-tokens N] [--batch N] ...
@@ -71,7 +72,8 @@ static const char usage_text[] =
         "             tokens, --trials N key positions per length (5)\n"
         "  tokenize   print the token ids of --prompt TEXT or --prompt-file F (no template)\n"
         "common:\n"
-        "  --model PATH       GGUF model ($KIVI_MODEL, else ~/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+        "  --model PATH       GGUF model, llama or qwen2 ($KIVI_MODEL, else\n"
+        "                     ~/.cache/libkivi-omp/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
         "  --kv fp16|kivi2|kivi4   cache setting (kivi2: 2-bit K and V, G=32, R=128)\n"
         "  --k-bits B --v-bits B --group G --residual R   override the setting (bits 2,4,8,16)\n"
         "  --edge-layers N    per-layer widths: the first and the last N layers in a cache of their own\n"

@@ -1,6 +1,6 @@
 /* kivi_throughput: a whole model's generation throughput against batch size, one curve per KV
- * cache (KIVI paper, Figure 5).  A Llama shape with random fp16 weights on the cache's device;
- * each sequence gets a prompt of P random tokens and generates N tokens greedily (P + N - 1
+ * cache (KIVI paper, Figure 5).  A Llama or Qwen2 shape with random fp16 weights on the cache's
+ * device; each sequence gets a prompt of P random tokens and generates N tokens greedily (P + N - 1
  * forward passes: the prompt in chunks through kivi_attention_extend, the rest one token at a
  * time through append + decode).  For each cache the batch rises until the cache and the
  * batch's scratch no longer fit in device memory (or the listed batches end).
@@ -23,13 +23,14 @@
 
 static const char usage[] =
     "usage: " PROG " [options]\n"
-    "  A Llama-shaped model with random fp16 weights generates on each KV cache at rising batch\n"
-    "  sizes; tokens/s, the decode step's parts and device memory for each.\n"
+    "  A model of a Llama or Qwen2 shape with random fp16 weights generates on each KV cache at\n"
+    "  rising batch sizes; tokens/s, the decode step's parts and device memory for each.\n"
     "  --shape S        llama2-7b (default: 32 layers, 4096 wide, 32 heads x 128, FFN 11008,\n"
     "                   vocabulary 32000) or tiny (2 layers, 256 wide, 2 heads x 128, FFN 512,\n"
     "                   vocabulary 512: a check that runs anywhere) or smollm2-135m (SmolLM2-135M's\n"
     "                   shape: 30 layers, 576 wide, 9 heads x 64 over 3 kv-heads, FFN 1536,\n"
-    "                   vocabulary 49152)\n"
+    "                   vocabulary 49152) or qwen2.5-1.5b (Qwen2.5-1.5B's: 28 layers, 1536 wide,\n"
+    "                   12 heads x 128 over 2 kv-heads, q/k/v biases, FFN 8960, vocabulary 151936)\n"
     "  --prompt P       prompt tokens per sequence (default 161)\n"
     "  --gen N          generated tokens per sequence (default 338)\n"
     "  --kv LIST        caches, comma-separated from fp16, kivi4, kivi2, kivi2-r32\n"
@@ -228,9 +229,10 @@ out:
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  static const llm_dev_shape llama2 = {32, 32, 32, 128, 4096, 11008, 32000, 10000.0f, 1e-5f};
-  static const llm_dev_shape tiny = {2, 2, 2, 128, 256, 512, 512, 10000.0f, 1e-5f};
-  static const llm_dev_shape smollm2 = {30, 9, 3, 64, 576, 1536, 49152, 100000.0f, 1e-5f};
+  static const llm_dev_shape llama2 = {32, 32, 32, 128, 4096, 11008, 32000, 10000.0f, 1e-5f, 0};
+  static const llm_dev_shape tiny = {2, 2, 2, 128, 256, 512, 512, 10000.0f, 1e-5f, 0};
+  static const llm_dev_shape smollm2 = {30, 9, 3, 64, 576, 1536, 49152, 100000.0f, 1e-5f, 0};
+  static const llm_dev_shape qwen15 = {28, 12, 2, 128, 1536, 8960, 151936, 1000000.0f, 1e-6f, 1};
   memset(o, 0, sizeof *o);
   o->shape = llama2;
   o->shape_name = "llama2-7b";
@@ -269,6 +271,8 @@ static int parse(int argc, char **argv, opts *o) {
         o->shape = tiny;
       else if (!strcmp(v, "smollm2-135m"))
         o->shape = smollm2;
+      else if (!strcmp(v, "qwen2.5-1.5b"))
+        o->shape = qwen15;
       else
         return kivi_cli_bad(PROG, "unknown shape", v);
       o->shape_name = v;

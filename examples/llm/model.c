@@ -22,6 +22,38 @@ static float f16_to_f32(uint16_t h) {
 
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
+/* Q4_K: a super-block of 256 elements in 8 sub-blocks of 32: fp16 d and dmin, 12 bytes of 6-bit
+ * sub-block scales sc and mins mn (sub-blocks 0-3: the low 6 bits of bytes j and j + 4; 4-7: a
+ * nibble of byte j + 4 and the top 2 bits of bytes j - 4 and j), then 128 bytes of nibbles, each
+ * 32 bytes holding sub-block 2i in the low and 2i + 1 in the high nibbles; x = d sc q - dmin mn. */
+static void dequant_q4_k(const uint8_t *b, float *y) {
+  const float d = f16_to_f32(le16(b)), dmin = f16_to_f32(le16(b + 2));
+  const uint8_t *s = b + 4, *q = b + 16;
+  for (int j = 0; j < 8; ++j) {
+    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+    const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    const uint8_t *qj = q + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) y[32 * j + l] = d * sc * ((j & 1 ? qj[l] >> 4 : qj[l] & 15)) - dmin * mn;
+  }
+}
+
+/* Q6_K: 256 elements in two halves of 128: 128 bytes ql (low nibbles), 64 bytes qh (2 high bits),
+ * 16 int8 scales (one per 16 elements), fp16 d.  Element 32 k + l of half h (k = 0..3, l = 0..31):
+ * low nibble of ql[64 h + l + 32 (k & 1)] (k < 2) or its high nibble (k >= 2), high bits
+ * (qh[32 h + l] >> 2 k) & 3; x = d scale[8 h + 2 k + l / 16] (q - 32). */
+static void dequant_q6_k(const uint8_t *b, float *y) {
+  const uint8_t *ql = b, *qh = b + 128;
+  const int8_t *sc = (const int8_t *)(b + 192);
+  const float d = f16_to_f32(le16(b + 208));
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int lo = ql[64 * h + l + 32 * (k & 1)], hi = (qh[32 * h + l] >> (2 * k)) & 3;
+        const int q = ((k < 2 ? lo & 15 : lo >> 4) | hi << 4) - 32;
+        y[128 * h + 32 * k + l] = d * sc[8 * h + 2 * k + l / 16] * q;
+      }
+}
+
 int llm_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
   const uint8_t *p = src;
   switch (type) {
@@ -33,6 +65,13 @@ int llm_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
     for (size_t i = 0; i < n; ++i) {
       const uint32_t u = (uint32_t)le16(p + 2 * i) << 16;
       memcpy(&dst[i], &u, 4);
+    }
+    return 0;
+  case GGML_Q4_K: case GGML_Q6_K:
+    if (n % 256) return -1;
+    for (size_t b = 0; b < n / 256; ++b) {
+      if (type == GGML_Q4_K) dequant_q4_k(p + 144 * b, dst + 256 * b);
+      else dequant_q6_k(p + 210 * b, dst + 256 * b);
     }
     return 0;
   default: break;
@@ -118,8 +157,8 @@ void llm_model_free(llm_model *m) {
   if (m->layers)
     for (int l = 0; l < m->n_layers; ++l) {
       llm_layer *L = &m->layers[l];
-      float *w[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
-      for (int i = 0; i < 9; ++i) free(w[i]);
+      float *w[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->bq, L->bk, L->bv, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+      for (int i = 0; i < 12; ++i) free(w[i]);
     }
   free(m->layers);
   if (m->output != m->tok_embd) free(m->output);
@@ -128,21 +167,51 @@ void llm_model_free(llm_model *m) {
   memset(m, 0, sizeof *m);
 }
 
+/* Rows [h hd, (h + 1) hd) of each of the n_heads heads of w ([n_heads hd][cols]) from NEOX order
+ * to the llama order (model.h): row 2i <- i, 2i + 1 <- i + hd/2.  0, or -1 when out of memory. */
+static int neox_to_pairs(float *w, int n_heads, int hd, size_t cols) {
+  float *t = malloc((size_t)hd * cols * sizeof *t);
+  if (!t) return -1;
+  for (int h = 0; h < n_heads; ++h) {
+    float *base = w + (size_t)h * hd * cols;
+    memcpy(t, base, (size_t)hd * cols * sizeof *t);
+    for (int i = 0; i < hd / 2; ++i) {
+      memcpy(base + (size_t)(2 * i) * cols, t + (size_t)i * cols, cols * sizeof *t);
+      memcpy(base + (size_t)(2 * i + 1) * cols, t + (size_t)(i + hd / 2) * cols, cols * sizeof *t);
+    }
+  }
+  free(t);
+  return 0;
+}
+
 int llm_model_load(const gguf_file *f, llm_model *m, char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
   const gguf_kv *arch = gguf_find_kv(f, "general.architecture");
-  if (!arch || arch->type != GGUF_STRING || arch->val[0] != 5 || memcmp(arch->val + 8, "llama", 5)) {
-    snprintf(err, errlen, "general.architecture is not \"llama\"");
+  uint64_t an = 0;
+  if (arch && arch->type == GGUF_STRING)
+    for (int i = 7; i >= 0; --i) an = an << 8 | arch->val[i];
+  if (!arch || arch->type != GGUF_STRING || an >= sizeof m->arch) {
+    snprintf(err, errlen, "general.architecture is missing or too long");
     return -1;
   }
-  const char *keys[] = {"llama.block_count", "llama.attention.head_count", "llama.attention.head_count_kv",
-                        "llama.embedding_length", "llama.feed_forward_length", "llama.context_length"};
+  memcpy(m->arch, arch->val + 8, an);
+  m->arch[an] = 0;
+  const int qwen2 = !strcmp(m->arch, "qwen2");
+  if (!qwen2 && strcmp(m->arch, "llama")) {
+    snprintf(err, errlen, "architecture \"%s\" is not supported (llama and qwen2 are)", m->arch);
+    return -1;
+  }
+  const char *names[] = {"block_count", "attention.head_count", "attention.head_count_kv", "embedding_length",
+                         "feed_forward_length", "context_length"};
   int64_t v[6];
-  for (int i = 0; i < 6; ++i)
-    if (!gguf_get_int(f, keys[i], &v[i]) || v[i] < 1 || v[i] > (1 << 20)) {
-      snprintf(err, errlen, "metadata %s is missing or out of range", keys[i]);
+  char key[64];
+  for (int i = 0; i < 6; ++i) {
+    snprintf(key, sizeof key, "%s.%s", m->arch, names[i]);
+    if (!gguf_get_int(f, key, &v[i]) || v[i] < 1 || v[i] > (1 << 20)) {
+      snprintf(err, errlen, "metadata %s is missing or out of range", key);
       return -1;
     }
+  }
   m->n_layers = (int)v[0];
   m->n_heads = (int)v[1];
   m->n_kv_heads = (int)v[2];
@@ -150,8 +219,10 @@ int llm_model_load(const gguf_file *f, llm_model *m, char *err, size_t errlen) {
   m->ffn_dim = (int)v[4];
   m->ctx_train = (int)v[5];
   double theta = 10000.0, eps = 1e-5;
-  gguf_get_float(f, "llama.rope.freq_base", &theta);
-  gguf_get_float(f, "llama.attention.layer_norm_rms_epsilon", &eps);
+  snprintf(key, sizeof key, "%s.rope.freq_base", m->arch);
+  gguf_get_float(f, key, &theta);
+  snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", m->arch);
+  gguf_get_float(f, key, &eps);
   m->rope_base = (float)theta;
   m->rms_eps = (float)eps;
   if (m->dim % m->n_heads || m->n_heads % m->n_kv_heads) {
@@ -160,7 +231,8 @@ int llm_model_load(const gguf_file *f, llm_model *m, char *err, size_t errlen) {
   }
   m->head_dim = m->dim / m->n_heads;
   int64_t rot;
-  if (gguf_get_int(f, "llama.rope.dimension_count", &rot) && rot != m->head_dim) {
+  snprintf(key, sizeof key, "%s.rope.dimension_count", m->arch);
+  if (gguf_get_int(f, key, &rot) && rot != m->head_dim) {
     snprintf(err, errlen, "partial rotary embedding (%lld of %d channels) is not supported", (long long)rot, m->head_dim);
     return -1;
   }
@@ -207,6 +279,26 @@ int llm_model_load(const gguf_file *f, llm_model *m, char *err, size_t errlen) {
     LOAD(w_up, "ffn_up", D, F);
     LOAD(w_down, "ffn_down", F, D);
 #undef LOAD
+    /* q, k, v biases: all three (qwen2 files have them) or none */
+    const char *bn[3] = {"attn_q", "attn_k", "attn_v"};
+    float **bp[3] = {&L->bq, &L->bk, &L->bv};
+    int nb = 0;
+    for (int i = 0; i < 3; ++i) {
+      snprintf(name, sizeof name, "blk.%d.%s.bias", l, bn[i]);
+      if (!gguf_find_tensor(f, name)) continue;
+      if (!(*bp[i] = load_tensor(f, name, i ? KV : D, 1, &bytes, err, errlen))) goto fail;
+      ++nb;
+    }
+    if (nb != 0 && nb != 3) {
+      snprintf(err, errlen, "layer %d has %d of the 3 q/k/v biases", l, nb);
+      goto fail;
+    }
+    if (qwen2 && (neox_to_pairs(L->wq, m->n_heads, m->head_dim, D) || neox_to_pairs(L->wk, m->n_kv_heads, m->head_dim, D) ||
+                  (L->bq && (neox_to_pairs(L->bq, m->n_heads, m->head_dim, 1) ||
+                             neox_to_pairs(L->bk, m->n_kv_heads, m->head_dim, 1))))) {
+      snprintf(err, errlen, "out of memory");
+      goto fail;
+    }
   }
   m->weight_bytes = bytes;
   return 0;
@@ -414,6 +506,14 @@ kivi_status llm_forward(llm_session *s, const int *tokens, int n, float *logits,
     llm_matmul(s->q, s->xn, L->wq, n, D, D, 0);
     llm_matmul(s->k, s->xn, L->wk, n, D, KVD, 0);
     llm_matmul(s->v, s->xn, L->wv, n, D, KVD, 0);
+    if (L->bq)
+      for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < D; ++i) s->q[(size_t)t * D + i] += L->bq[i];
+        for (int i = 0; i < KVD; ++i) {
+          s->k[(size_t)t * KVD + i] += L->bk[i];
+          s->v[(size_t)t * KVD + i] += L->bv[i];
+        }
+      }
     rope(s->q, n, H, hd, s->rope_cos, s->rope_sin);
     if (s->fq.enabled && s->fq.pre_rope) /* quantized as the projection gives them, rotated after */
       fake_quant(s->k, n, s->pos, KVD, s->fq.group, s->fq.k_bits, s->fq.k_per_token, s->fq.sink);

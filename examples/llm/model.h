@@ -1,12 +1,21 @@
-/* A Llama-architecture model (SmolLM2 and friends) read from GGUF, run on the host with OpenMP
- * threads, its KV cache and attention in libkivi-omp (on the GPU when the library offloads).
+/* A Llama- or Qwen2-architecture model (SmolLM2, Qwen2.5 and friends) read from GGUF, run on the
+ * host with OpenMP threads, its KV cache and attention in libkivi-omp (on the GPU when the
+ * library offloads).
  *
  * Weights of any type the reader knows are dequantized to fp32 at load (llm_dequantize).  The
- * forward pass per layer: RMSNorm, Q/K/V projections, RoPE (GGML "normal" rotation of adjacent
- * pairs, the convention of llama-architecture GGUF files, base from llama.rope.freq_base),
- * attention through the cache (kivi_attention_extend for a chunk of tokens, kivi_cache_append +
- * kivi_attention_decode for one), output projection, RMSNorm, SwiGLU MLP; final RMSNorm and the
- * output matrix (the token embedding when the file has no output.weight). */
+ * forward pass per layer: RMSNorm, Q/K/V projections (plus their biases where the file has them:
+ * qwen2), RoPE, attention through the cache (kivi_attention_extend for a chunk of tokens,
+ * kivi_cache_append + kivi_attention_decode for one), output projection, RMSNorm, SwiGLU MLP;
+ * final RMSNorm and the output matrix (the token embedding when the file has no output.weight).
+ * Metadata is read under the architecture's name (`llama.*`, `qwen2.*`).
+ *
+ * RoPE: llama GGUF files store q and k rows permuted for GGML's "normal" rotation of adjacent
+ * channel pairs (2i, 2i+1); qwen2 files keep the original order, rotated in "NEOX" pairs (i, i +
+ * head_dim/2).  The loader puts a qwen2 file's q and k rows (and biases) of every head in the
+ * llama order (row 2i <- i, 2i+1 <- i + head_dim/2), after which one rotation serves both: the
+ * scores q.k are unchanged (the same permutation of both), and the cache holds the keys' channels
+ * in that order (per-channel key groups are indifferent to it; llm_fake_quant's per-token key
+ * groups of 32 channels then mix the two halves). */
 #ifndef KIVI_EXAMPLES_MODEL_H
 #define KIVI_EXAMPLES_MODEL_H
 
@@ -18,15 +27,18 @@
 #include "gguf.h"
 
 /* fp32 values of n elements of a tensor of ggml type `type` (f32, f16, bf16, q4_0, q4_1, q5_0,
- * q5_1, q8_0); n must be a multiple of the type's block size.  0, or -1 for another type. */
+ * q5_1, q8_0, q4_K, q6_K); n must be a multiple of the type's block size.  0, or -1 for another
+ * type. */
 int llm_dequantize(uint32_t type, const void *src, size_t n, float *dst);
 
 typedef struct llm_layer {
   float *attn_norm, *wq, *wk, *wv, *wo;
+  float *bq, *bk, *bv; /* q, k, v biases; NULL where the file has none (llama) */
   float *ffn_norm, *w_gate, *w_up, *w_down;
 } llm_layer;
 
 typedef struct llm_model {
+  char arch[16]; /* general.architecture: "llama" or "qwen2" */
   int n_layers, n_heads, n_kv_heads, head_dim, dim, ffn_dim, n_vocab, ctx_train;
   float rope_base, rms_eps;
   float *tok_embd; /* [n_vocab][dim] */

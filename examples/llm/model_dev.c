@@ -55,7 +55,8 @@ static int alloc_weights(llm_dev_model *dm, int tied, char *err, size_t errlen) 
   if (!dm->layers) goto nomem;
   const size_t es = el_size(dm);
   dm->weight_bytes = (V * D * (tied ? 1 : 2) + (size_t)s->n_layers * layer_elems(s)) * es +
-                     ((size_t)s->n_layers * 2 + 1) * D * sizeof(float);
+                     ((size_t)s->n_layers * 2 + 1) * D * sizeof(float) +
+                     (s->qkv_bias ? (size_t)s->n_layers * (D + 2 * KV) * sizeof(float) : 0);
   if (!(dm->tok_embd = dev_alloc(dm, V * D * es)) || !(dm->out_norm = dev_alloc(dm, D * sizeof(float))))
     goto nomem;
   dm->output = tied ? dm->tok_embd : dev_alloc(dm, V * D * es);
@@ -64,7 +65,8 @@ static int alloc_weights(llm_dev_model *dm, int tied, char *err, size_t errlen) 
     llm_dev_layer *L = &dm->layers[l];
     if (!(L->attn_norm = dev_alloc(dm, D * sizeof(float))) || !(L->ffn_norm = dev_alloc(dm, D * sizeof(float))) ||
         !(L->wqkv = dev_alloc(dm, (D + 2 * KV) * D * es)) || !(L->wo = dev_alloc(dm, D * D * es)) ||
-        !(L->wgu = dev_alloc(dm, 2 * F * D * es)) || !(L->wdown = dev_alloc(dm, D * F * es)))
+        !(L->wgu = dev_alloc(dm, 2 * F * D * es)) || !(L->wdown = dev_alloc(dm, D * F * es)) ||
+        (s->qkv_bias && !(L->bqkv = dev_alloc(dm, (D + 2 * KV) * sizeof(float)))))
       goto nomem;
   }
   return 0;
@@ -100,7 +102,7 @@ int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, l
                             size_t errlen) {
   memset(dm, 0, sizeof *dm);
   dm->s = (llm_dev_shape){m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->dim,
-                          m->ffn_dim, m->n_vocab, m->rope_base, m->rms_eps};
+                          m->ffn_dim, m->n_vocab, m->rope_base, m->rms_eps, m->layers[0].bq != NULL};
   if (check_shape(&dm->s, err, errlen)) return -1;
   init_device(dm, device, precision);
   const int tied = m->output == m->tok_embd;
@@ -122,7 +124,10 @@ int llm_dev_model_from_host(llm_dev_model *dm, const llm_model *m, int device, l
           upload(dm, L->ffn_norm, H->ffn_norm, D * sizeof(float)) || put_w(dm, L->wqkv, 0, H->wq, D * D, tmp) ||
           put_w(dm, L->wqkv, D * D, H->wk, KV * D, tmp) || put_w(dm, L->wqkv, (D + KV) * D, H->wv, KV * D, tmp) ||
           put_w(dm, L->wo, 0, H->wo, D * D, tmp) || put_w(dm, L->wgu, 0, H->w_gate, F * D, tmp) ||
-          put_w(dm, L->wgu, F * D, H->w_up, F * D, tmp) || put_w(dm, L->wdown, 0, H->w_down, D * F, tmp);
+          put_w(dm, L->wgu, F * D, H->w_up, F * D, tmp) || put_w(dm, L->wdown, 0, H->w_down, D * F, tmp) ||
+          (L->bqkv && (!H->bq || upload(dm, L->bqkv, H->bq, D * sizeof(float)) ||
+                       upload(dm, L->bqkv + D, H->bk, KV * sizeof(float)) ||
+                       upload(dm, L->bqkv + D + KV, H->bv, KV * sizeof(float))));
   }
   free(tmp);
   if (bad) {
@@ -149,6 +154,11 @@ static void fill_w(const llm_dev_model *dm, void *w, size_t n, uint64_t seed, fl
   const int dev = dm->device, f32 = dm->f32;
 #pragma omp target teams distribute parallel for device(dev) is_device_ptr(w)
   for (size_t i = 0; i < n; ++i) el_st(w, i, amp * synth_uniform(seed, i), f32);
+}
+static void fill_f32(const llm_dev_model *dm, float *w, size_t n, uint64_t seed, float amp) {
+  const int dev = dm->device;
+#pragma omp target teams distribute parallel for device(dev) is_device_ptr(w)
+  for (size_t i = 0; i < n; ++i) w[i] = amp * synth_uniform(seed, i);
 }
 static void fill_ones(const llm_dev_model *dm, float *w, size_t n) {
   const int dev = dm->device;
@@ -179,6 +189,7 @@ int llm_dev_model_synthetic(llm_dev_model *dm, const llm_dev_shape *s, uint64_t 
     fill_ones(dm, L->attn_norm, D);
     fill_ones(dm, L->ffn_norm, D);
     fill_w(dm, L->wqkv, (D + 2 * KV) * D, ls + 1, aD);
+    if (L->bqkv) fill_f32(dm, L->bqkv, D + 2 * KV, ls + 5, 0.1f);
     fill_w(dm, L->wo, D * D, ls + 2, aD);
     fill_w(dm, L->wgu, 2 * F * D, ls + 3, aD);
     fill_w(dm, L->wdown, D * F, ls + 4, aF);
@@ -190,8 +201,8 @@ void llm_dev_model_free(llm_dev_model *dm) {
   if (dm->layers)
     for (int l = 0; l < dm->s.n_layers; ++l) {
       llm_dev_layer *L = &dm->layers[l];
-      void *p[] = {L->attn_norm, L->ffn_norm, L->wqkv, L->wo, L->wgu, L->wdown};
-      for (int i = 0; i < 6; ++i) dev_free(dm, p[i]);
+      void *p[] = {L->attn_norm, L->ffn_norm, L->wqkv, L->bqkv, L->wo, L->wgu, L->wdown};
+      for (int i = 0; i < 7; ++i) dev_free(dm, p[i]);
     }
   if (dm->output != dm->tok_embd) dev_free(dm, dm->output);
   dev_free(dm, dm->tok_embd);
@@ -354,15 +365,17 @@ static void rope_table(const llm_dev_model *dm, float *rope, const int *rows, in
     }
 }
 
-/* qkv[T][D + 2 KV] -> q[T][D], k, v[T][KV]; q and k rotated by adjacent pairs (rope_table). */
-static void rope_split(const llm_dev_model *dm, const float *qkv, float *q, float *k, float *v, const float *rope,
-                       int T) {
+/* qkv[T][D + 2 KV] (+ bias[D + 2 KV] where not NULL) -> q[T][D], k, v[T][KV]; q and k rotated
+ * by adjacent pairs (rope_table). */
+static void rope_split(const llm_dev_model *dm, const float *qkv, const float *bias, float *q, float *k, float *v,
+                       const float *rope, int T) {
   const int dev = dm->device, D = dm->s.dim, hd = dm->s.head_dim, KV = dm->s.n_kv_heads * hd, W = D + 2 * KV;
-#pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(qkv, q, k, v, rope)
+  const int hb = bias != NULL;
+#pragma omp target teams distribute parallel for collapse(2) device(dev) is_device_ptr(qkv, bias, q, k, v, rope)
   for (int r = 0; r < T; ++r)
     for (int p = 0; p < W / 2; ++p) {
       const int c = 2 * p;
-      const float a = qkv[(size_t)r * W + c], b = qkv[(size_t)r * W + c + 1];
+      const float a = qkv[(size_t)r * W + c] + (hb ? bias[c] : 0.0f), b = qkv[(size_t)r * W + c + 1] + (hb ? bias[c + 1] : 0.0f);
       if (c >= D + KV) {
         v[(size_t)r * KV + c - D - KV] = a;
         v[(size_t)r * KV + c - D - KV + 1] = b;
@@ -499,19 +512,20 @@ static void gpu_rope_table(const llm_dev_model *dm, float *rope, const int *rows
   }
 }
 
-static void gpu_rope_split(const llm_dev_model *dm, const float *qkv, float *q, float *k, float *v, const float *rope,
-                           int T) {
+static void gpu_rope_split(const llm_dev_model *dm, const float *qkv, const float *bias, float *q, float *k, float *v,
+                           const float *rope, int T) {
   const int dev = dm->device, D = dm->s.dim, hd = dm->s.head_dim, KV = dm->s.n_kv_heads * hd, W = D + 2 * KV;
+  const int hb = bias != NULL;
   const size_t n = (size_t)T * (W / 2);
   const int nb = gblocks(n, GNT);
-#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) is_device_ptr(qkv, q, k, v, rope) \
-    firstprivate(D, hd, KV, W, n)
+#pragma omp target teams ompx_bare num_teams(nb) thread_limit(GNT) device(dev) \
+    is_device_ptr(qkv, bias, q, k, v, rope) firstprivate(D, hd, KV, W, n, hb)
   {
     const size_t e = GIDX;
     if (e < n) {
       const size_t r = e / (size_t)(W / 2);
       const int c = 2 * (int)(e % (size_t)(W / 2));
-      const float a = qkv[r * W + c], b = qkv[r * W + c + 1];
+      const float a = qkv[r * W + c] + (hb ? bias[c] : 0.0f), b = qkv[r * W + c + 1] + (hb ? bias[c + 1] : 0.0f);
       if (c >= D + KV) {
         v[r * KV + c - D - KV] = a;
         v[r * KV + c - D - KV + 1] = b;
@@ -689,7 +703,7 @@ kivi_status llm_dev_forward(llm_dev_batch *b, kivi_cache *cache, int n_seqs, con
     TIMED(other, ON_DEVICE(dm, rmsnorm, b->xn, b->x, L->attn_norm, NULL, T));
     TIMED(matmul, rc = matmul_rows(dm, inv, b->qkv, b->xn, L->wqkv, T, D, D + 2 * KV, 0));
     if (rc) TRY(KIVI_ERR_DEVICE);
-    TIMED(other, ON_DEVICE(dm, rope_split, b->qkv, b->q, b->k, b->v, b->rope, T));
+    TIMED(other, ON_DEVICE(dm, rope_split, b->qkv, L->bqkv, b->q, b->k, b->v, b->rope, T));
     if (rot & LLM_ROTATE_K) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->k, (size_t)T * s->n_kv_heads, hd);
                                   ON_DEVICE(dm, hadamard_rows, b->q, (size_t)T * H, hd));
     if (rot & LLM_ROTATE_V) TIMED(other, ON_DEVICE(dm, hadamard_rows, b->v, (size_t)T * s->n_kv_heads, hd));

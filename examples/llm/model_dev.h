@@ -1,4 +1,4 @@
-/* A Llama-architecture model run on the KV cache's device: on a GPU, the whole forward pass there
+/* A Llama- or Qwen2-architecture model (model.h) run on the KV cache's device: on a GPU, the whole forward pass there
  * (weights resident in fp16, the matrix products through cuBLAS on the tensor cores, everything
  * else as OpenMP target regions); on the host (a host context, or a build without offload) the
  * same regions on host threads and the matrix products as a plain OpenMP loop.  With
@@ -25,6 +25,7 @@
 typedef struct llm_dev_shape {
   int n_layers, n_heads, n_kv_heads, head_dim, dim, ffn_dim, n_vocab;
   float rope_base, rms_eps;
+  int qkv_bias; /* 1: q, k and v biases (qwen2) */
 } llm_dev_shape;
 
 /* The element type of the weights and of the products' inputs. */
@@ -34,6 +35,7 @@ typedef enum llm_dev_precision { LLM_DEV_F16 = 0, LLM_DEV_F32 = 1 } llm_dev_prec
 typedef struct llm_dev_layer {
   float *attn_norm, *ffn_norm; /* [dim] */
   void *wqkv;                  /* [dim + 2 kv_dim][dim]: q, k, v rows */
+  float *bqkv;                 /* [dim + 2 kv_dim]: their biases (shape.qkv_bias), else NULL */
   void *wo;                    /* [dim][dim] */
   void *wgu;                   /* [2 ffn_dim][dim]: gate rows, then up rows */
   void *wdown;                 /* [dim][ffn_dim] */

@@ -69,6 +69,8 @@ struct llm_tokenizer {
   int n_control;
   uint16_t byte_cp[256]; /* byte -> code point of the GPT-2 byte alphabet */
   int16_t cp_byte[512];  /* inverse, -1 if none */
+  int qwen2;             /* tokenizer.ggml.pre = "qwen2": Qwen2's pre-tokenizer (tokenizer.h) */
+  char *system;          /* the chat template's default system message, or NULL */
 };
 
 static void build_byte_alphabet(llm_tokenizer *t) {
@@ -104,6 +106,35 @@ static size_t utf8_put(uint32_t cp, char *out) {
   return 2; /* the byte alphabet stays below U+0800 */
 }
 
+/* The default system message of a ChatML template (tokenizer.chat_template): the text between
+ * "<|im_start|>system" plus a newline (or a Jinja "\\n") and "<|im_end|>", where that text is
+ * plain (no quote or brace: not an expression).  *out = a copy, or NULL where there is none.
+ * 0, or -1 when out of memory. */
+static int chat_system(const gguf_file *f, char **out) {
+  *out = NULL;
+  const gguf_kv *kv = gguf_find_kv(f, "tokenizer.chat_template");
+  if (!kv || kv->type != GGUF_STRING) return 0;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | kv->val[i];
+  const char *p = (const char *)kv->val + 8, *end = p + n;
+  static const char head[] = "<|im_start|>system", tail[] = "<|im_end|>";
+  for (const char *h = p; h + sizeof head - 1 <= end; ++h) {
+    if (memcmp(h, head, sizeof head - 1)) continue;
+    const char *b = h + sizeof head - 1;
+    if (b < end && *b == '\n') b += 1;
+    else if (b + 1 < end && b[0] == '\\' && b[1] == 'n') b += 2;
+    else continue;
+    const char *e = b;
+    while (e + sizeof tail - 1 <= end && memcmp(e, tail, sizeof tail - 1) && *e != '\'' && *e != '{' && *e != '}') ++e;
+    if (e + sizeof tail - 1 > end || memcmp(e, tail, sizeof tail - 1) || e == b) continue;
+    if (!(*out = malloc((size_t)(e - b) + 1))) return -1;
+    memcpy(*out, b, (size_t)(e - b));
+    (*out)[e - b] = 0;
+    return 0;
+  }
+  return 0;
+}
+
 int llm_tokenizer_load(const gguf_file *f, llm_tokenizer **out, char *err, size_t errlen) {
   *out = NULL;
   const gguf_kv *model = gguf_find_kv(f, "tokenizer.ggml.model");
@@ -118,8 +149,25 @@ int llm_tokenizer_load(const gguf_file *f, llm_tokenizer **out, char *err, size_
              (const char *)model->val + 8);
     return -1;
   }
+  /* the pre-tokenizer: SmolLM2's (also for files that name none, "default" or "gpt2") or Qwen2's */
+  const gguf_kv *pre = gguf_find_kv(f, "tokenizer.ggml.pre");
+  int qwen2 = 0;
+  if (pre && pre->type == GGUF_STRING) {
+    uint64_t pn = 0;
+    for (int i = 7; i >= 0; --i) pn = pn << 8 | pre->val[i];
+    const char *pp = (const char *)pre->val + 8;
+#define PRE_IS(name) (pn == sizeof name - 1 && !memcmp(pp, name, pn))
+    qwen2 = PRE_IS("qwen2");
+    if (!qwen2 && !PRE_IS("smollm") && !PRE_IS("default") && !PRE_IS("gpt2")) {
+      snprintf(err, errlen, "pre-tokenizer %.*s is not supported (smollm, gpt2 and qwen2 are)", (int)(pn > 32 ? 32 : pn), pp);
+      return -1;
+    }
+#undef PRE_IS
+  }
   llm_tokenizer *t = calloc(1, sizeof *t);
   if (!t) goto oom;
+  t->qwen2 = qwen2;
+  if (chat_system(f, &t->system)) goto oom_free0;
   uint64_t nv = 0, nm = 0, ntt = 0;
   gguf_str *merges = NULL;
   const void *types = NULL;
@@ -186,6 +234,7 @@ int llm_tokenizer_load(const gguf_file *f, llm_tokenizer **out, char *err, size_
   return 0;
 oom_free:
   free(merges);
+oom_free0:
   llm_tokenizer_free(t);
 oom:
   snprintf(err, errlen, "out of memory loading the tokenizer");
@@ -194,6 +243,7 @@ oom:
 
 void llm_tokenizer_free(llm_tokenizer *t) {
   if (!t) return;
+  free(t->system);
   if (t->bytes)
     for (int i = 0; i < t->n_vocab; ++i) free(t->bytes[i]);
   free(t->bytes);
@@ -317,6 +367,46 @@ done:
   return rc;
 }
 
+/* The end of the Qwen2 pre-token that starts at code point i of nc (classes cls, first bytes
+ * CH): the first alternative of
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ *   \s*[\r\n]+|\s+(?!\S)|\s+
+ * that matches there, as the regex engine takes it. */
+static size_t qwen2_piece(const unsigned char *s, const size_t *pos, const unsigned char *cls, size_t nc, size_t i) {
+#define CH(k) (s[pos[k]])
+#define LOW(k) (CH(k) | 0x20) /* ASCII letters to lower case (the contractions' letters) */
+#define NL(k) (CH(k) == '\r' || CH(k) == '\n')
+  if (CH(i) == '\'' && i + 1 < nc) {
+    if (LOW(i + 1) == 's' || LOW(i + 1) == 't' || LOW(i + 1) == 'm' || LOW(i + 1) == 'd') return i + 2;
+    if (i + 2 < nc && ((LOW(i + 1) == 'r' && LOW(i + 2) == 'e') || (LOW(i + 1) == 'v' && LOW(i + 2) == 'e') ||
+                       (LOW(i + 1) == 'l' && LOW(i + 2) == 'l')))
+      return i + 3;
+  }
+  size_t j = i;
+  if (cls[i] == CL_LETTER || (cls[i] != CL_DIGIT && !NL(i) && i + 1 < nc && cls[i + 1] == CL_LETTER)) {
+    j = cls[i] == CL_LETTER ? i : i + 1;
+    while (j < nc && cls[j] == CL_LETTER) ++j;
+    return j;
+  }
+  if (cls[i] == CL_DIGIT) return i + 1;
+  if (cls[i] == CL_OTHER || (CH(i) == ' ' && i + 1 < nc && cls[i + 1] == CL_OTHER)) {
+    j = cls[i] == CL_OTHER ? i : i + 1;
+    while (j < nc && cls[j] == CL_OTHER) ++j;
+    while (j < nc && NL(j)) ++j;
+    return j;
+  }
+  /* whitespace: the run [i, e) */
+  size_t e = i;
+  while (e < nc && cls[e] == CL_SPACE) ++e;
+  for (size_t k = e; k > i; --k) /* \s*[\r\n]+: up to the run's last line break */
+    if (NL(k - 1)) return k;
+  if (e == nc || e - i == 1) return e; /* \s+(?!\S) at the end, or \s+ */
+  return e - 1;                        /* \s+(?!\S): the last one joins what follows */
+#undef NL
+#undef LOW
+#undef CH
+}
+
 /* Pre-tokenizes a span without control tokens and runs BPE on each piece. */
 static int encode_span(const llm_tokenizer *t, const unsigned char *s, size_t n, int **ids, size_t *n_ids,
                        size_t *cap) {
@@ -340,6 +430,12 @@ static int encode_span(const llm_tokenizer *t, const unsigned char *s, size_t n,
   int rc = 0;
 #define CH(i) (s[pos[i]])
   for (size_t i = 0; i < nc && !rc;) {
+    if (t->qwen2) {
+      const size_t j = qwen2_piece(s, pos, cls, nc, i);
+      rc = bpe_piece(t, s + pos[i], pos[j] - pos[i], ids, n_ids, cap);
+      i = j;
+      continue;
+    }
     size_t j = i + 1;
     const int c = cls[i];
     const int sp_next = CH(i) == ' ' && i + 1 < nc; /* " ?" prefix candidate */
@@ -403,7 +499,7 @@ int llm_tokenize(const llm_tokenizer *t, const char *text, size_t n, int special
 
 int llm_chat_prompt(const llm_tokenizer *t, const char *system, const char *user, int **ids, size_t *n_ids,
                     size_t *cap) {
-  if (!system) system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+  if (!system) system = t->system ? t->system : "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
   const char *parts[] = {"<|im_start|>system\n", system, "<|im_end|>\n<|im_start|>user\n", user,
                          "<|im_end|>\n<|im_start|>assistant\n"};
   for (int i = 0; i < 5; ++i) /* only the template's own parts may produce control tokens */
