@@ -27,9 +27,11 @@
  *    one product per 16 tokens (A: row G the group's zeros).
  *
  * 58 tensor-core products per group and warp at 2-bit, head_dim 128; the codes are read from
- * shared memory once.  A tail block takes its GQ_WCH tokens in fp32: a thread per (token, pair
- * of heads) for the logits (quantized keys dequantized, fp16 keys as they are), a thread per
- * channel for the values.  Accuracy: the K operands carry 22 bits, the V operands p * scale one
+ * shared memory once.  A tail block takes GQ_WCH of the row's last tokens in fp32 (by the plan's
+ * Lf their values are in the fp16 window but for fewer than 32, their keys quantized or not): every
+ * row and scale it reads copied into shared memory at once, then a thread per (token, pair of
+ * heads) for the logits, a thread per channel for the values.  Accuracy: the K operands carry 22
+ * bits, the V operands p * scale one
  * f16 (fp16-attention class, FAST_REL_TOL).  docs/PERF.md, round 42, has its measurements. */
 #include "config.h"
 
@@ -51,16 +53,27 @@
 /* Stages per warp (at most 4), beside the two A tables (the keys' and the zeros') */
 #define GQ_NS0(D, KB, VB) ((GQ_SMEM - 2 * GQ_TAB(D)) / (4 * GQ_ST(D, KB, VB)))
 #define GQ_NS(D, KB, VB) (GQ_NS0(D, KB, VB) > 4 ? 4 : GQ_NS0(D, KB, VB))
-/* After the loop the rings' space holds the merge: O [8][D], {m, l, factor} [8][4], the warps'
- * m and l [4][8][2], then the warps' outputs [4][8][D] or a window round's logits [8][GQ_WCH] */
+/* After the loop the rings' space holds the merge: O [8][D], {m, l} [8][4], the warps' m and l
+ * [4][8][2], then the warps' outputs [4][8][D] */
 #define GQ_OFF_ML(D) (32 * (D))
 #define GQ_OFF_WML(D) (GQ_OFF_ML(D) + 128)
 #define GQ_OFF_X(D) (GQ_OFF_WML(D) + 256)
-#define GQ_MERGE(D) (GQ_OFF_X(D) + (128 * (D) > 32 * GQ_WCH ? 128 * (D) : 32 * GQ_WCH))
+#define GQ_MERGE(D) (GQ_OFF_X(D) + 128 * (D))
 #define GQ_RINGS(D, KB, VB) (4 * GQ_NS(D, KB, VB) * GQ_ST(D, KB, VB))
-/* ... and a tail block's q of the chunk's heads [8][D] after the merge */
-#define GQ_UNION(D, KB, VB) (GQ_RINGS(D, KB, VB) > GQ_MERGE(D) + 32 * (D) ? GQ_RINGS(D, KB, VB) : GQ_MERGE(D) + 32 * (D))
-#define GQ_BYTES(D, KB, VB) (GQ_UNION(D, KB, VB) + 2 * GQ_TAB(D))
+#define GQ_UNION(D, KB, VB) (GQ_RINGS(D, KB, VB) > GQ_MERGE(D) ? GQ_RINGS(D, KB, VB) : GQ_MERGE(D))
+#define GQ_SPLIT_BYTES(D, KB, VB) (GQ_UNION(D, KB, VB) + 2 * GQ_TAB(D))
+/* A tail block's shared memory (gq_tail): q * qmul of the chunk's heads [8][D] fp32, its tokens'
+ * key rows and value rows [GQ_WCH][2 D] bytes each (fp16, or the codes in the row's first bytes),
+ * the K scales and zeros and the V scale/zero pairs of its GQ_WCH / 32 groups [GQ_WCH / 32][4 D]
+ * each, the logits [GQ_WCH][8], then m and l [8][2] */
+#define GT_K(D) (32 * (D))
+#define GT_V(D) (GT_K(D) + 2 * (D) * GQ_WCH)
+#define GT_KS(D) (GT_V(D) + 2 * (D) * GQ_WCH)
+#define GT_VS(D) (GT_KS(D) + (D) * (GQ_WCH / 8))
+#define GT_X(D) (GT_VS(D) + (D) * (GQ_WCH / 8))
+#define GT_ML(D) (GT_X(D) + 4 * GQ_NH * GQ_WCH)
+#define GT_BYTES(D) (GT_ML(D) + 8 * GQ_NH)
+#define GQ_BYTES(D, KB, VB) (GQ_SPLIT_BYTES(D, KB, VB) > GT_BYTES(D) + 32 ? GQ_SPLIT_BYTES(D, KB, VB) : GT_BYTES(D) + 32)
 _Static_assert(GQ_NS(128, 4, 4) >= 2 && GQ_NS(128, 4, 2) >= 2 && GQ_NS(128, 2, 2) >= 2 && GQ_NS(64, 4, 4) >= 2,
                "a stage ahead");
 _Static_assert(GQ_BYTES(128, 2, 2) <= GQ_SMEM && GQ_BYTES(128, 4, 4) <= GQ_SMEM && GQ_BYTES(128, 4, 2) <= GQ_SMEM &&
@@ -68,10 +81,11 @@ _Static_assert(GQ_BYTES(128, 2, 2) <= GQ_SMEM && GQ_BYTES(128, 4, 4) <= GQ_SMEM 
                "the block's shared memory fits");
 _Static_assert(FNW == 4 && FNT == 128, "4 warps of 32 lanes");
 _Static_assert(KIVI_MAX_RESIDUAL % 32 == 0, "window rounds");
-_Static_assert((4 * GQ_NS(128, 2, 2) - 1) * GQ_ST(128, 2, 2) >= GQ_MERGE(128) + 32 * 128 &&
-                   (4 * GQ_NS(128, 4, 4) - 1) * GQ_ST(128, 4, 4) >= GQ_MERGE(128) + 32 * 128 &&
-                   (4 * GQ_NS(64, 2, 2) - 1) * GQ_ST(64, 2, 2) >= GQ_MERGE(64) + 32 * 64,
+_Static_assert((4 * GQ_NS(128, 2, 2) - 1) * GQ_ST(128, 2, 2) >= GQ_MERGE(128) &&
+                   (4 * GQ_NS(128, 4, 4) - 1) * GQ_ST(128, 4, 4) >= GQ_MERGE(128) &&
+                   (4 * GQ_NS(64, 2, 2) - 1) * GQ_ST(64, 2, 2) >= GQ_MERGE(64),
                "the flag past the merge");
+_Static_assert(GQ_WCH % 32 == 0 && GQ_WCH <= FNT, "a tail block's tokens: whole groups, a thread each at most");
 _Static_assert(KIVI_GQA_MAX_SPLIT <= 32 * 32 * FNW && KIVI_MAX_RESIDUAL + 32 <= 32 * 32 * FNW, "a warp has at most 32 groups");
 
 /* What a block needs: the cache, the call, the launch's geometry. */
@@ -129,9 +143,152 @@ static inline __attribute__((always_inline)) void gq_copy(uint32_t st, const uns
     if (D / 4 >= 32 || lane < D / 4) fk_cp16s(st + OVS + 16 * lane + 512 * i, vs + 512 * i);
 }
 
-/* One block (see the top of the file).  D, KB, VB, NS: constants of the launch. */
-static inline __attribute__((always_inline)) void gq_block(const gq_args *a, unsigned char *s_u, const int D,
-                                                           const int KB, const int VB, const int NS) {
+/* A tail block (see the top of the file): tokens [j0, j0 + nw) of the row's last n (those past its
+ * splits, t0 = Lf on), nw <= GQ_WCH, in fp32.  Every byte it reads is copied into shared memory at
+ * once (one memory latency): each token's key row (the fp16 window's, or its codes) and value row,
+ * the K scales and zeros and the V scale/zero pairs of its groups; then a thread per (token, pair
+ * of heads) takes the logits, a warp per head the softmax, a thread per channel the outputs. */
+static inline __attribute__((always_inline)) void gq_tail(const gq_args *a, unsigned char *s_u, int sf, int r, int kvh,
+                                                          size_t rh0, int nh, int64_t s, const int D, const int KB,
+                                                          const int VB) {
+  const int KRB = D * KB / 8, VRB = D * VB / 8, VG = D / 32, CPW = 32 / KB, PT = D / 8; /* PT: 16-byte pieces of a row */
+  const int tid = ompx_thread_id_x(), lane = tid & 31, wid = tid >> 5, Rm = a->Rm;
+  const int Lf = (int)a->dd[(int64_t)a->col_beg * a->rows + r];
+  int t0, n, ngq, nvq;
+  fk_block_tokens(a->nf, a->nf, a->fs, Lf, a->dd + (int64_t)a->col_lc * a->rows + r, Rm, &t0, &n, &ngq, &nvq);
+  const int j0 = GQ_WCH * (sf - a->nf), nw = n - j0 < GQ_WCH ? n - j0 : GQ_WCH;
+  float *const s_ml = (float *)(s_u + GT_ML(D));
+  if (nw > 0) {
+    const int nqk = 32 * ngq - j0, nqv = nvq - j0; /* the block's tokens [0, nqk) have quantized keys, [0, nqv) values */
+    const int32_t *btrow = a->bt + ((size_t)s * a->NL + a->layer) * a->MB;
+    const unsigned char *hb = a->pool + (size_t)kvh * a->sub;
+    const int tf = t0 + j0, tl = tf + nw - 1; /* the block's first and last tokens: in at most two pool blocks */
+    const unsigned char *pb0 = nqk > 0 || nqv > 0 ? fk_sub_at(hb, btrow, tf, a->lr, a->bsz) : hb;
+    const unsigned char *pb1 = (nqk > 0 || nqv > 0) && (tl >> a->lr) != (tf >> a->lr) ? fk_sub_at(hb, btrow, tl, a->lr, a->bsz) : pb0;
+    const size_t ring = (((size_t)s * a->NL + a->layer) * a->H + kvh) * (size_t)(Rm + 1) * D;
+    const uint32_t su = fk_saddr(s_u);
+    /* ---- the copies: rows (a thread per 16-byte piece), then the groups' scales */
+    for (int it = tid; it < nw * PT; it += FNT) {
+      const int j = it / PT, c = it % PT, tg = tf + j;
+      const unsigned char *sb = (tg >> a->lr) == (tf >> a->lr) ? pb0 : pb1;
+      if (j >= nqk) fk_cp16s(su + GT_K(D) + 2 * D * j + 16 * c, a->kres + ring + (size_t)(tg & Rm) * D + 8 * c);
+      else if (c < KRB / 16) fk_cp16s(su + GT_K(D) + 2 * D * j + 16 * c, sb + (size_t)(tg & Rm) * KRB + 16 * c);
+      if (j >= nqv) fk_cp16s(su + GT_V(D) + 2 * D * j + 16 * c, a->vres + ring + (size_t)(tg & Rm) * D + 8 * c);
+      else if (c < VRB / 16) fk_cp16s(su + GT_V(D) + 2 * D * j + 16 * c, sb + a->vcode_off + (size_t)(tg & Rm) * VRB + 16 * c);
+    }
+    for (int it = tid; it < (GQ_WCH / 32) * (D / 4); it += FNT) { /* group gi's 4 D bytes of each: D / 4 pieces */
+      const int gi = it / (D / 4), c = it % (D / 4), tg = tf + 32 * gi;
+      const unsigned char *sb = (tg >> a->lr) == (tf >> a->lr) ? pb0 : pb1;
+      if (32 * gi < nqk) fk_cp16s(su + GT_KS(D) + 4 * D * gi + 16 * c, sb + a->ksz_off + (size_t)((tg & Rm) >> 5) * 4 * D + 16 * c);
+      if (32 * gi < nqv) fk_cp16s(su + GT_VS(D) + 4 * D * gi + 16 * c, sb + a->vsz_off + (size_t)(tg & Rm) * (D / 8) + 16 * c);
+    }
+    fk_cp_commit();
+    float *const s_q = (float *)s_u; /* [8][D]: q qmul, 0 past the chunk's heads */
+    const float *qg = a->q + rh0 * D;
+    for (int it = tid; it < GQ_NH * D; it += FNT) s_q[it] = it < nh * D ? qg[it] * a->qmul : 0.0f;
+    fk_cp_wait(0);
+    fk_sync();
+    /* ---- logits: item (token j, heads h2, h2 + 1) */
+    float *const s_x = (float *)(s_u + GT_X(D)); /* [GQ_WCH][8] */
+    const int np = (nh + 1) / 2;
+    for (int it = tid; it < nw * np; it += FNT) {
+      const int j = it / np, h2 = 2 * (it % np);
+      const uint32_t *row = (const uint32_t *)(s_u + GT_K(D) + 2 * D * j);
+      const uint32_t *sz = (const uint32_t *)(s_u + GT_KS(D) + 4 * D * (j >> 5));
+      const float *q0 = s_q + h2 * D, *q1 = q0 + D;
+      float acc0 = 0.0f, acc1 = 0.0f;
+      if (j < nqk) {
+        #pragma unroll 4
+        for (int c0 = 0; c0 < D; c0 += 8) {
+          const uint32_t wd = row[c0 / CPW] >> (KB * (c0 % CPW));
+          #pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float s0, s1, z0, z1;
+            h2f(sz[c0 / 2 + i], &s0, &s1);
+            h2f(sz[D / 2 + c0 / 2 + i], &z0, &z1);
+            const float k0 = fmaf((float)((wd >> (2 * KB * i)) & ((1u << KB) - 1u)), s0, z0);
+            const float k1 = fmaf((float)((wd >> (KB * (2 * i + 1))) & ((1u << KB) - 1u)), s1, z1);
+            acc0 = fmaf(q0[c0 + 2 * i + 1], k1, fmaf(q0[c0 + 2 * i], k0, acc0));
+            acc1 = fmaf(q1[c0 + 2 * i + 1], k1, fmaf(q1[c0 + 2 * i], k0, acc1));
+          }
+        }
+      } else {
+        #pragma unroll 4
+        for (int c0 = 0; c0 < D; c0 += 8) {
+          #pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            float k0, k1;
+            h2f(row[c0 / 2 + i], &k0, &k1);
+            acc0 = fmaf(q0[c0 + 2 * i + 1], k1, fmaf(q0[c0 + 2 * i], k0, acc0));
+            acc1 = fmaf(q1[c0 + 2 * i + 1], k1, fmaf(q1[c0 + 2 * i], k0, acc1));
+          }
+        }
+      }
+      s_x[GQ_NH * j + h2] = acc0;
+      s_x[GQ_NH * j + h2 + 1] = acc1;
+    }
+    fk_sync();
+    /* ---- softmax of each head over the block's tokens */
+    for (int h = wid; h < nh; h += FNW) { /* warp-uniform */
+      float mx = -INFINITY;
+      for (int j = lane; j < nw; j += 32) mx = fmaxf(mx, s_x[GQ_NH * j + h]);
+      mx = wmax(mx);
+      float ls = 0.0f;
+      for (int j = lane; j < nw; j += 32) {
+        const float p = fk_ex2(s_x[GQ_NH * j + h] - mx);
+        s_x[GQ_NH * j + h] = p;
+        ls += p;
+      }
+      ls = wsum(ls);
+      if (lane == 0) {
+        s_ml[2 * h] = mx;
+        s_ml[2 * h + 1] = ls;
+      }
+    }
+    fk_sync();
+    /* ---- outputs: a thread per channel, the quantized values first */
+    for (int c = tid; c < D; c += FNT) {
+      float o[GQ_NH];
+      #pragma unroll
+      for (int h = 0; h < GQ_NH; ++h) o[h] = 0.0f;
+      const int nq = nqv < 0 ? 0 : nqv < nw ? nqv : nw;
+      for (int j = 0; j < nq; ++j) {
+        const uint32_t wd = ((const uint32_t *)(s_u + GT_V(D) + 2 * D * j))[c / (32 / VB)];
+        float vs_, vz_;
+        h2f(((const uint32_t *)(s_u + GT_VS(D) + 4 * D * (j >> 5)))[(j & 31) * VG + c / 32], &vs_, &vz_);
+        const float v = fmaf((float)((wd >> (VB * (c % (32 / VB)))) & ((1u << VB) - 1u)), vs_, vz_);
+        const float *p = s_x + GQ_NH * j;
+        #pragma unroll
+        for (int h = 0; h < GQ_NH; ++h) o[h] = fmaf(p[h], v, o[h]);
+      }
+      #pragma unroll 8
+      for (int j = nq; j < nw; ++j) {
+        const float v = kivi_f16_to_f32(((const uint16_t *)(s_u + GT_V(D) + 2 * D * j))[c]);
+        const float *p = s_x + GQ_NH * j;
+        #pragma unroll
+        for (int h = 0; h < GQ_NH; ++h) o[h] = fmaf(p[h], v, o[h]);
+      }
+      #pragma unroll
+      for (int h = 0; h < GQ_NH; ++h)
+        if (h < nh) a->part_o[((rh0 + h) * a->nslots + sf) * D + c] = o[h];
+    }
+  } else if (tid < nh) {
+    s_ml[2 * tid] = -INFINITY;
+    s_ml[2 * tid + 1] = 0.0f;
+  }
+  fk_sync();
+  if (tid < nh) {
+    float *pml = a->part_ml + ((rh0 + tid) * a->nslots + sf) * 2;
+    pml[0] = s_ml[2 * tid];
+    pml[1] = s_ml[2 * tid + 1];
+  }
+}
+
+/* A split block (see the top of the file): its groups through the warps' rings, the warps merged
+ * into the block's partial. */
+static inline __attribute__((always_inline)) void gq_split(const gq_args *a, unsigned char *s_u, int sf, int r, int kvh,
+                                                           size_t rh0, int nh, int64_t s, const int D, const int KB,
+                                                           const int VB, const int NS) {
   const int KRB = D * KB / 8, VRB = D * VB / 8, NCK = KRB / 16, NCV = VRB / 16;
   const int VG = D / 32, KT = D / 16, NPW = 16 / KB, KPW = NPW / 2, CPW = 32 / KB;
   const int ST = GQ_ST(D, KB, VB), OKS = 32 * KRB, OVC = OKS + 4 * D, OVS = OVC + 32 * VRB;
@@ -139,35 +296,18 @@ static inline __attribute__((always_inline)) void gq_block(const gq_args *a, uns
   fk_v4u *const s_qb = (fk_v4u *)(s_u + UNI);           /* [KT][32]: the zeros' A */
   fk_v4u *const s_qa = (fk_v4u *)(s_u + UNI + GQ_TAB(D)); /* [KT][32]: the keys' A */
   float *const s_O = (float *)s_u;                          /* [8][D] */
-  float *const s_ML = (float *)(s_u + GQ_OFF_ML(D));       /* [8][4]: m, l, the window round's factor */
+  float *const s_ML = (float *)(s_u + GQ_OFF_ML(D));       /* [8][4]: m, l */
   float *const s_wm = (float *)(s_u + GQ_OFF_WML(D));      /* [4][8][2]: each warp's m and l */
-  float *const s_x = (float *)(s_u + GQ_OFF_X(D));         /* [4][8][D] or [8][GQ_WCH] */
+  float *const s_x = (float *)(s_u + GQ_OFF_X(D));         /* [4][8][D] */
   /* the warps' largest scales before the loop (in warp 3's last stage, which no copy fills before it),
    * the arrival's flag at the end (past the merge's arrays) */
   int *const s_i = (int *)(s_u + (FNW * NS - 1) * ST);
   const int tid = ompx_thread_id_x(), lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
-  int sf, pr;
-  { /* the split blocks of every (row, kv-head, chunk) first, then the tail blocks */
-    const int blk = ompx_block_id_x(), nbig = a->rows * a->H * a->nqc * a->nf;
-    sf = blk < nbig ? blk % a->nf : a->nf + (blk - nbig) % a->ntail;
-    pr = blk < nbig ? blk / a->nf : (blk - nbig) / a->ntail;
-  }
-  const int ch = pr % a->nqc, kvh = pr / a->nqc % a->H, r = pr / a->nqc / a->H, hq0 = kvh * a->gsz + GQ_NH * ch;
-  const int nh = a->gsz - GQ_NH * ch < GQ_NH ? a->gsz - GQ_NH * ch : GQ_NH;
-  const int64_t s = a->dd[(int64_t)a->col_seq * a->rows + r];
   const fk_v2u ve = fk_v_bounds(a->vexp, s, a->layer, a->NL, a->H, kvh); /* no other load before it */
   const int Lf = (int)a->dd[(int64_t)a->col_beg * a->rows + r], Rm = a->Rm;
-  int t0, n, ngq, nvq;
-  fk_block_tokens(sf < a->nf ? sf : a->nf, a->nf, a->fs, Lf, a->dd + (int64_t)a->col_lc * a->rows + r, Rm, &t0, &n, &ngq, &nvq);
-  /* the loop takes the groups whose keys and values are all quantized (a split's all); the rest of
-   * a tail block, [32 ngm, n), is its window, in fp32 */
-  const int ngm0 = nvq / 32 < ngq ? nvq / 32 : ngq;
-  /* tail block ti (sf = nf + ti) takes the window's tokens [w0, w1); the first of them also the
-   * loop's groups */
-  const int ti = sf - a->nf, w0 = ti >= 0 ? 32 * ngm0 + GQ_WCH * ti : n, ngm = ti > 0 ? 0 : ngm0;
-  const int w1 = ti >= 0 && w0 + GQ_WCH < n ? w0 + GQ_WCH : n;
-  const size_t rh0 = (size_t)r * a->HQ + hq0; /* the chunk's first (row, head) */
-  if (n <= 0 || (ngm == 0 && w0 >= w1)) {
+  int t0, n, ngm, nvq;
+  fk_block_tokens(sf, a->nf, a->fs, Lf, a->dd + (int64_t)a->col_lc * a->rows + r, Rm, &t0, &n, &ngm, &nvq);
+  if (n <= 0) {
     if (tid < nh) {
       float *pml = a->part_ml + ((rh0 + tid) * a->nslots + sf) * 2;
       pml[0] = -INFINITY;
@@ -185,8 +325,8 @@ static inline __attribute__((always_inline)) void gq_block(const gq_args *a, uns
     float m = -INFINITY, l = 0.0f, dv[8][4], dz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     #pragma unroll
     for (int e = 0; e < KT * 4; ++e) dv[e >> 2][e & 3] = 0.0f;
-    /* lane i holds the pool block of the warp's group i (nmine <= 32: splits of at most 4096 tokens,
-     * a tail block's at most R + 31), handed to the copies by a shuffle: no copy waits for a load */
+    /* lane i holds the pool block of the warp's group i (nmine <= 32: splits of at most 4096
+     * tokens), handed to the copies by a shuffle: no copy waits for a load */
     const int myblk = lane < nmine ? (int)kivi_block_index(btrow[(t0 + 32 * (wid + FNW * lane)) >> a->lr]) : 0;
     #pragma unroll
     for (int j = 0; j < NS - 1; ++j) {
@@ -467,103 +607,6 @@ static inline __attribute__((always_inline)) void gq_block(const gq_args *a, uns
       }
     }
     fk_sync();
-    if (w0 < w1) { /* ---- a tail block's window: tokens [w0, w1) (at most GQ_WCH), in fp32 */
-      const size_t ring = (((size_t)s * a->NL + a->layer) * a->H + kvh) * (size_t)(Rm + 1) * D;
-      float *const s_q = (float *)(s_u + GQ_MERGE(D)); /* [8][D]: q qmul, 0 past the chunk's heads */
-      for (int it = tid; it < GQ_NH * D; it += FNT) s_q[it] = it < nh * D ? qg[it] * a->qmul : 0.0f;
-      fk_sync();
-      {
-        const int j0 = w0, nw = w1 - w0;
-        for (int it = tid; it < nw * (GQ_NH / 2); it += FNT) { /* (token, head pair): its two logits */
-          const int jj = it / (GQ_NH / 2), h2 = 2 * (it % (GQ_NH / 2)), tok = j0 + jj, tg = t0 + tok;
-          float acc0 = 0.0f, acc1 = 0.0f;
-          const int qk = tok < 32 * ngq; /* a quantized key, dequantized here; else the fp16 window's */
-          const unsigned char *sb = fk_sub_at(hb, btrow, tg, a->lr, a->bsz);
-          const uint32_t *row = (const uint32_t *)sb + (size_t)(tg & Rm) * (KRB / 4);
-          const uint32_t *sz = (const uint32_t *)(sb + a->ksz_off) + (size_t)((tg & Rm) >> 5) * D;
-          const uint32_t *kr = (const uint32_t *)(a->kres + ring + (size_t)(tg & Rm) * D);
-          #pragma unroll 4
-          for (int c0 = 0; c0 < D; c0 += 8) {
-            float kx[8];
-            if (qk) {
-              const fk_v4u s8 = ld16(sz + c0 / 2), z8 = ld16(sz + D / 2 + c0 / 2);
-              const uint32_t wd = row[c0 / CPW] >> (KB * (c0 % CPW));
-              const uint32_t sw8[4] = {s8.x, s8.y, s8.z, s8.w}, zw8[4] = {z8.x, z8.y, z8.z, z8.w};
-              #pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                float s0, s1, z0, z1;
-                h2f(sw8[i], &s0, &s1);
-                h2f(zw8[i], &z0, &z1);
-                kx[2 * i] = fmaf((float)((wd >> (2 * KB * i)) & ((1u << KB) - 1u)), s0, z0);
-                kx[2 * i + 1] = fmaf((float)((wd >> (KB * (2 * i + 1))) & ((1u << KB) - 1u)), s1, z1);
-              }
-            } else {
-              const fk_v4u x = ld16(kr + c0 / 2);
-              h2f(x.x, &kx[0], &kx[1]);
-              h2f(x.y, &kx[2], &kx[3]);
-              h2f(x.z, &kx[4], &kx[5]);
-              h2f(x.w, &kx[6], &kx[7]);
-            }
-            const float *q0 = s_q + h2 * D + c0, *q1 = q0 + D;
-            #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              acc0 = fmaf(q0[i], kx[i], acc0);
-              acc1 = fmaf(q1[i], kx[i], acc1);
-            }
-          }
-          if (h2 < nh) s_x[h2 * GQ_WCH + jj] = acc0;
-          if (h2 + 1 < nh) s_x[(h2 + 1) * GQ_WCH + jj] = acc1;
-        }
-        fk_sync();
-        for (int h = wid; h < nh; h += FNW) { /* warp-uniform */
-          float mx = -INFINITY;
-          for (int jj = lane; jj < nw; jj += 32) mx = fmaxf(mx, s_x[h * GQ_WCH + jj]);
-          mx = wmax(mx);
-          const float Mo = s_ML[4 * h], Mn = fmaxf(Mo, mx), fo = Mo == -INFINITY ? 0.0f : fk_ex2(Mo - Mn);
-          float ls = 0.0f;
-          for (int jj = lane; jj < nw; jj += 32) {
-            const float p = fk_ex2(s_x[h * GQ_WCH + jj] - Mn);
-            s_x[h * GQ_WCH + jj] = p;
-            ls += p;
-          }
-          ls = wsum(ls);
-          if (lane == 0) {
-            s_ML[4 * h] = Mn;
-            s_ML[4 * h + 1] = fmaf(s_ML[4 * h + 1], fo, ls);
-            s_ML[4 * h + 2] = fo;
-          }
-        }
-        fk_sync();
-        for (int c = tid; c < D; c += FNT) {
-          float o[GQ_NH];
-          #pragma unroll
-          for (int h = 0; h < GQ_NH; ++h) o[h] = h < nh ? s_O[h * D + c] * s_ML[4 * h + 2] : 0.0f;
-          const int nq = nvq - j0 < 0 ? 0 : nvq - j0 < nw ? nvq - j0 : nw; /* the round's quantized values first */
-          for (int jj = 0; jj < nq; ++jj) { /* dequantized */
-            const int tg = t0 + j0 + jj;
-            const unsigned char *sb = fk_sub_at(hb, btrow, tg, a->lr, a->bsz);
-            const uint32_t wd = *((const uint32_t *)(sb + a->vcode_off) + (size_t)(tg & Rm) * (VRB / 4) + c / (32 / VB));
-            float vs_, vz_;
-            h2f(*((const uint32_t *)(sb + a->vsz_off) + (size_t)(tg & Rm) * VG + c / 32), &vs_, &vz_);
-            const float v = fmaf((float)((wd >> (VB * (c % (32 / VB)))) & ((1u << VB) - 1u)), vs_, vz_);
-            #pragma unroll
-            for (int h = 0; h < GQ_NH; ++h)
-              if (h < nh) o[h] = fmaf(s_x[h * GQ_WCH + jj], v, o[h]);
-          }
-          #pragma unroll 8
-          for (int jj = nq; jj < nw; ++jj) { /* the fp16 window's */
-            const float v = kivi_f16_to_f32(a->vres[ring + (size_t)((t0 + j0 + jj) & Rm) * D + c]);
-            #pragma unroll
-            for (int h = 0; h < GQ_NH; ++h)
-              if (h < nh) o[h] = fmaf(s_x[h * GQ_WCH + jj], v, o[h]);
-          }
-          #pragma unroll
-          for (int h = 0; h < GQ_NH; ++h)
-            if (h < nh) s_O[h * D + c] = o[h];
-        }
-        fk_sync();
-      }
-    }
     for (int it = tid; it < nh * D; it += FNT)
       a->part_o[((rh0 + it / D) * a->nslots + sf) * D + it % D] = s_O[it];
     if (tid < nh) {
@@ -572,14 +615,84 @@ static inline __attribute__((always_inline)) void gq_block(const gq_args *a, uns
       pml[1] = s_ML[4 * tid + 1];
     }
   }
+}
+
+/* The combine of the nslots partials of the chunk's nh heads (rows rh0 .. rh0 + nh - 1) by the block
+ * that arrived last, nslots <= GQ_CMAX, as many heads at once as their weights fit in GQ_CMAX floats
+ * of shared memory: a warp per head takes its slots' weights 2^(m - M) (0 where l = 0), then a
+ * thread per (head, 4 channels) reads its slots' partials, none behind a branch, so that they are
+ * in flight together (fk_combine takes one head after the other, each a chain of loads). */
+#define GQ_CMAX 2048
+_Static_assert(4 * (GQ_CMAX + GQ_NH) <= GQ_BYTES(64, 4, 4) && 4 * (GQ_CMAX + GQ_NH) <= GQ_BYTES(64, 2, 2), "the combine's weights");
+static inline void gq_combine(const gq_args *a, size_t rh0, int nh, unsigned char *s_u, int tid, const int D) {
+  const int ns = a->nslots, lane = tid & 31, wid = tid >> 5, hr = GQ_CMAX / ns < GQ_NH ? GQ_CMAX / ns : GQ_NH;
+  float *const s_w = (float *)s_u, *const s_den = s_w + GQ_CMAX; /* [hr][ns], [hr] */
+  for (int h0 = 0; h0 < nh; h0 += hr) {
+    const int nr = nh - h0 < hr ? nh - h0 : hr; /* this round's heads */
+    if (h0 > 0) fk_sync(); /* the round before has read s_w */
+    for (int h = wid; h < nr; h += FNW) { /* warp-uniform */
+      const float *ml = a->part_ml + (rh0 + h0 + h) * ns * 2;
+      float M = -INFINITY;
+      for (int s = lane; s < ns; s += 32) M = fmaxf(M, ml[2 * s]);
+      M = wmax(M);
+      float den = 0.0f;
+      for (int s = lane; s < ns; s += 32) {
+        const float l = ml[2 * s + 1], w = l > 0.0f ? fk_ex2(ml[2 * s] - M) : 0.0f;
+        s_w[h * ns + s] = w;
+        den = fmaf(w, l, den);
+      }
+      den = wsum(den);
+      if (lane == 0) s_den[h] = den;
+    }
+    fk_sync();
+    for (int it = tid; it < nr * (D / 4); it += FNT) {
+      const int h = it / (D / 4), c = 4 * (it % (D / 4));
+      const float *po = a->part_o + (rh0 + h0 + h) * ns * D + c, *w = s_w + h * ns;
+      fk_v4f num = {0.0f, 0.0f, 0.0f, 0.0f};
+      #pragma unroll 8
+      for (int s = 0; s < ns; ++s) {
+        const fk_v4f o = *(const fk_v4f *)(po + (size_t)s * D);
+        const float ws = w[s];
+        num.x += ws > 0.0f ? ws * o.x : 0.0f;
+        num.y += ws > 0.0f ? ws * o.y : 0.0f;
+        num.z += ws > 0.0f ? ws * o.z : 0.0f;
+        num.w += ws > 0.0f ? ws * o.w : 0.0f;
+      }
+      const float rd = 1.0f / s_den[h];
+      const int64_t i = (int64_t)(rh0 + h0 + h) * D + c;
+      kivi_store_out(a->out, a->out_f16, i, num.x * rd);
+      kivi_store_out(a->out, a->out_f16, i + 1, num.y * rd);
+      kivi_store_out(a->out, a->out_f16, i + 2, num.z * rd);
+      kivi_store_out(a->out, a->out_f16, i + 3, num.w * rd);
+    }
+  }
+}
+
+/* One block (see the top of the file).  D, KB, VB, NS: constants of the launch. */
+static inline __attribute__((always_inline)) void gq_block(const gq_args *a, unsigned char *s_u, const int D,
+                                                           const int KB, const int VB, const int NS) {
+  const int tid = ompx_thread_id_x();
+  int sf, pr;
+  { /* the split blocks of every (row, kv-head, chunk) first, then the tail blocks */
+    const int blk = ompx_block_id_x(), nbig = a->rows * a->H * a->nqc * a->nf;
+    sf = blk < nbig ? blk % a->nf : a->nf + (blk - nbig) % a->ntail;
+    pr = blk < nbig ? blk / a->nf : (blk - nbig) / a->ntail;
+  }
+  const int ch = pr % a->nqc, kvh = pr / a->nqc % a->H, r = pr / a->nqc / a->H, hq0 = kvh * a->gsz + GQ_NH * ch;
+  const int nh = a->gsz - GQ_NH * ch < GQ_NH ? a->gsz - GQ_NH * ch : GQ_NH;
+  const size_t rh0 = (size_t)r * a->HQ + hq0; /* the chunk's first (row, head) */
+  const int64_t s = a->dd[(int64_t)a->col_seq * a->rows + r];
+  if (sf >= a->nf)
+    gq_tail(a, s_u, sf, r, kvh, rh0, nh, s, D, KB, VB);
+  else
+    gq_split(a, s_u, sf, r, kvh, rh0, nh, s, D, KB, VB, NS);
   if (a->fused) { /* ---- arrival: the last block of the (row, kv-head, chunk) combines its heads' partials */
-    if (fk_block_arrive(a->cnt + rh0, (unsigned)(a->nsf - 1), tid, s_i + 4)) {
-      for (int j = 0; j < nh; ++j)
-        if (a->nslots >= KIVI_GQA_PCOMBINE_MIN)
-          fk_combine(rh0 + j, tid, D, a->nslots, a->part_o, a->part_ml, a->out, a->out_f16, (float *)s_u,
-                     (float *)s_u + FNT);
-        else if (tid < D)
-          kivi_combine_item((int64_t)(rh0 + j) * D + tid, D, a->nslots, a->part_o, a->part_ml, a->out, a->out_f16, NULL);
+    if (fk_block_arrive(a->cnt + rh0, (unsigned)(a->nsf - 1), tid, (int *)(s_u + (FNW * NS - 1) * GQ_ST(D, KB, VB)) + 4)) {
+      if (a->nslots <= GQ_CMAX)
+        gq_combine(a, rh0, nh, s_u, tid, D);
+      else
+        for (int j = 0; j < nh; ++j)
+          fk_combine(rh0 + j, tid, D, a->nslots, a->part_o, a->part_ml, a->out, a->out_f16, (float *)s_u, (float *)s_u + FNT);
       if (tid == 0) a->cnt[rh0] = 0;
     }
   }

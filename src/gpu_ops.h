@@ -19,10 +19,9 @@
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
 
-/* The GQA kernel's last block combines with fk_combine from this many slots on, and with
- * kivi_combine_item below.  Measured on the H200 (docs/PERF.md, round 9): fk_combine was faster with
- * 9 and 33 slots (4 heads each) and slower with 5; in the per-head kernel it was no faster at any
- * shape measured (5 to 17 slots; slower in 8 of 10), so that kernel keeps kivi_combine_item. */
+/* The fp16 cache's kernel (attention_f16.inc) combines with fk_combine from this many slots on,
+ * and with kivi_combine_item below.  Measured on the H200 (docs/PERF.md, round 9): fk_combine
+ * was faster with 9 and 33 slots (4 heads each) and slower with 5. */
 #ifndef KIVI_GQA_PCOMBINE_MIN
 #define KIVI_GQA_PCOMBINE_MIN 8
 #endif

@@ -518,8 +518,7 @@ START_TEST(decode_long_rows_both_modes) {
 END_TEST
 
 /* 16 rows of about 2k tokens, 32 over 8 heads: 128 (row, kv-head) pairs, splits of 512 tokens
- * (kivi_plan_call), 5 split and 3 tail slots per pair (KIVI_GQA_PCOMBINE_MIN: the parallel
- * combine); row 5 is shorter than a split, so most of its slots are empty. */
+ * (kivi_plan_call), 5 split and 3 tail slots per pair; row 5 is shorter than a split, so most of its slots are empty. */
 START_TEST(decode_gqa_many_rows) {
   int len[16];
   for (int s = 0; s < 16; ++s) len[s] = s == 5 ? 200 : 2300 - 29 * s;
