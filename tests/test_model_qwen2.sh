@@ -7,14 +7,13 @@
 #     `kivi-run ppl --kv fp16` on 128 tokens (the host model: q/k rows permuted at load);
 #  2. the device model (model_dev.c, fused q/k/v product plus biases; here on host threads) in
 #     fp32 against the host model on a KIVI-2 cache over 384 tokens (quantized blocks included),
-#     within PPL_DEVICE_F32_REL.
+#     within PPL_DEVICE_F32_REL (tests/ppl_f32_check.sh).
 # Skipped (status 77) without a Python that has NumPy (scripts/setup.sh installs python3-numpy).
 set -eu
 b=${top_builddir:-.}
 s=${top_srcdir:-.}
 run="$b/examples/llm/kivi-run${EXEEXT:-}"
 text=/usr/share/common-licenses/GPL-3
-PPL_DEVICE_F32_REL=0.0001
 py=
 for p in python3 /usr/bin/python3; do
   if "$p" -c "import numpy" 2>/dev/null; then py=$p; break; fi
@@ -25,17 +24,6 @@ trap 'rm -rf "$tmp"' EXIT
 "$py" "$s/tests/tiny_qwen2.py" "$tmp/tiny.gguf"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 "$py" "$s/scripts/check_model_ref.py" "$run" "$tmp/tiny.gguf" "$text" 128
-"$run" ppl "$text" --model "$tmp/tiny.gguf" --kv kivi2 --ctx 384 --max-tokens 384 --forward host --quiet \
-  --json "$tmp/ppl-host.json"
-"$run" ppl "$text" --model "$tmp/tiny.gguf" --kv kivi2 --ctx 384 --max-tokens 384 --forward device \
-  --precision f32 --quiet --json "$tmp/ppl-device.json"
-grep -q '"forward": "device", "precision": "f32"' "$tmp/ppl-device.json" ||
-  { echo "FAIL: the device model did not run in fp32"; exit 1; }
-ppl() { sed -n 's/^  "ppl": \([0-9.]*\).*/\1/p' "$tmp/ppl-$1.json"; }
-awk -v h="$(ppl host)" -v d="$(ppl device)" -v t="$PPL_DEVICE_F32_REL" 'BEGIN {
-  r = (d - h) / h;
-  printf "qwen2 ppl (384 tokens, kivi2): model on the host %.6f, on the device in fp32 %.6f (%+.2e, bound %.0e)\n",
-         h, d, r, t;
-  if (!(h > 1) || !(r < t && r > -t)) { print "FAIL: the device model differs from the host model"; exit 1 }
-}'
+. "$s/tests/ppl_f32_check.sh"
+ppl_f32_check "$run" "$text" "$tmp/tiny.gguf" "$tmp" qwen2
 echo "qwen2 model: PASS"

@@ -114,22 +114,9 @@ for rot in "" kv; do
   }'
 done
 
-# the device model in fp32 (--precision f32: fp32 weights and product inputs, as the host model):
-# 384 tokens, so that 2-bit blocks (R = 128) take part, within PPL_DEVICE_F32_REL (measured on
-# host threads: 1.9e-6; the fp16 device model: 1.3e-3, which this bound would refuse)
-PPL_DEVICE_F32_REL=0.0001
-"$run" ppl "$text" --model "$tmp/cut2.gguf" --kv kivi2 --ctx 384 --max-tokens 384 --forward host --quiet \
-  --json "$tmp/ppl-f32-host.json"
-"$run" ppl "$text" --model "$tmp/cut2.gguf" --kv kivi2 --ctx 384 --max-tokens 384 --forward device \
-  --precision f32 --quiet --json "$tmp/ppl-f32-device.json"
-grep -q '"forward": "device", "precision": "f32"' "$tmp/ppl-f32-device.json" ||
-  { echo "FAIL: --precision f32 did not run the device model in fp32"; exit 1; }
-awk -v h="$(ppl f32-host)" -v d="$(ppl f32-device)" -v t="$PPL_DEVICE_F32_REL" 'BEGIN {
-  r = (d - h) / h;
-  printf "ppl (2 layers, 384 tokens, kivi2): model on the host %.6f, on the device in fp32 %.6f (%+.2e, bound %.0e)\n",
-         h, d, r, t;
-  if (!(r < t && r > -t)) { print "FAIL: the fp32 device model differs from the host model"; exit 1 }
-}'
+# the device model in fp32 against the host model (tests/ppl_f32_check.sh)
+. "$s/tests/ppl_f32_check.sh"
+ppl_f32_check "$run" "$text" "$tmp/cut2.gguf" "$tmp" "2 layers:"
 
 # the cache's rotation (kivi_cache_config.rotate, the default of --rotate) against the model
 # rotating K, q and V itself around a plain cache (--rotate-by model): the same fp32 operations in
