@@ -22,9 +22,7 @@
 /* The fp16 cache's kernel (attention_f16.inc) combines with fk_combine from this many slots on,
  * and with kivi_combine_item below.  Measured on the H200 (docs/PERF.md, round 9): fk_combine
  * was faster with 9 and 33 slots (4 heads each) and slower with 5. */
-#ifndef KIVI_GQA_PCOMBINE_MIN
-#define KIVI_GQA_PCOMBINE_MIN 8
-#endif
+#define KIVI_F16_PCOMBINE_MIN 8
 
 #pragma omp declare target
 static inline float fk_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
