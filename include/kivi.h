@@ -185,7 +185,9 @@ typedef enum kivi_attention_mode {
                               included: q * scale carried in 22 bits, p * scale in one f16, fp32
                               accumulation); for 16-bit K/V (the fp16 cache), head_dim 64 or 128 and
                               R a power of two >= 32, a tensor-core decode kernel of fp32-class
-                              accuracy */
+                              accuracy; for an extend call's new tokens (head_dim 64 or 128, any
+                              cache), a tensor-core kernel of fp16-attention accuracy
+                              (::KIVI_KERNEL_GPU_NEW) */
   KIVI_ATTENTION_FP32 = 1  /**< always the portable kernel: fp32 accumulation (about 1e-6 relative) */
 } kivi_attention_mode;
 
@@ -456,8 +458,10 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_cache_load_file(kivi_cache *cache, int 
                                   * accumulation, q and p carried as two f16 parts (fp32-class accuracy) */
 #define KIVI_KERNEL_GPU_NEW 16u  /**< the GPU kernel of an extend call's new tokens (::KIVI_ATTENTION_FAST, head_dim
                                   * 64 or 128): their causal attention among themselves from the fp32 inputs on the
-                                  * tensor cores, every operand in two f16 parts, fp32 accumulation (fp32-class
-                                  * accuracy); the cached tokens of the call go through the other kernels */
+                                  * tensor cores, q, k, p and v as f16 operands (each scaled by a power of two into
+                                  * f16's range), fp32 accumulation: fp16-attention accuracy (within 2e-3 of
+                                  * max |output|; sharp attention, logits near 60, within 2e-2; lse within 2e-3 of
+                                  * max(1, |lse|)); the cached tokens of the call go through the other kernels */
 /** The kernels (KIVI_KERNEL_* bits) that computed the cache's last successful attention call. */
 KIVI_API kivi_status kivi_cache_last_kernels(const kivi_cache *cache, unsigned *kernels);
 
@@ -479,8 +483,9 @@ KIVI_API KIVI_NODISCARD kivi_status kivi_attention_decode(kivi_cache *cache, int
  * tokens already in the cache and, causally, to the new tokens given here in full precision
  * (new token j sees new tokens 0..j).  Call kivi_cache_append() with the same K/V afterwards.
  * On a GPU with ::KIVI_ATTENTION_FAST and head_dim 64 or 128, the new tokens' part runs on the
- * tensor cores at fp32-class accuracy (::KIVI_KERNEL_GPU_NEW); device-memory q, k_new and v_new
- * must then be 16-byte aligned for it, or the call takes the portable kernel.
+ * tensor cores with f16 operands at fp16-attention accuracy (::KIVI_KERNEL_GPU_NEW; with
+ * ::KIVI_ATTENTION_FP32 the portable kernel, fp32-class); device-memory q, k_new and v_new must
+ * then be 16-byte aligned for it, or the call takes the portable kernel.
  * @param q             [sum q_lens][n_q_heads][head_dim] fp32
  * @param k_new,v_new   [sum q_lens][n_kv_heads][head_dim] fp32
  * @param out           [sum q_lens][n_q_heads][head_dim] fp32

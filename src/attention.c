@@ -89,9 +89,9 @@ static int new_tile_cmp(const void *a, const void *b) {
   const new_tile *x = a, *y = b;
   return (x->keys < y->keys) - (x->keys > y->keys);
 }
-/* staging: keys | values (each two f16 parts of H x new_pad x head_dim) | exponents */
+/* staging: keys | values (each f16, H x new_pad x head_dim) | exponents */
 static size_t new_part_bytes(const kivi_cache *c, const att_plan *p) {
-  return pad16(2 * (size_t)c->cfg.n_kv_heads * p->new_pad * c->cfg.head_dim * 2);
+  return pad16((size_t)c->cfg.n_kv_heads * p->new_pad * c->cfg.head_dim * 2);
 }
 static size_t new_stage_bytes(const kivi_cache *c, const att_plan *p) {
   return 2 * new_part_bytes(c, p) + pad16((size_t)c->cfg.n_kv_heads * (p->new_pad / 32) * 8);

@@ -1,6 +1,5 @@
 /* GPU kernels of the attention calls besides the GQA decode kernel (decode_gqa.c): the fp16
- * cache's decode kernels (attention_f16.inc, attention_f16s.inc), the new tokens of an extend
- * call (attention_new.inc), the sink tokens' partials (attention_sink_gpu.inc) and the rotation
+ * cache's decode kernels (attention_f16.inc, attention_f16s.inc), the sink tokens' partials (attention_sink_gpu.inc) and the rotation
  * of head vectors (rotate_gpu.inc), each launched from a function below.  Which of them a call
  * runs is plan.c's choice. */
 #include "config.h"
@@ -62,18 +61,6 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
 #endif
 }
 
-void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
-                         const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
-                         float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,
-                         int lane) {
-  const int H = c->cfg.n_kv_heads, dev = c->ctx->device, direct = nslots == 1, nmain = ntiles * HQ;
-  const int nprep = (int)(P / 32) * H;
-  const int64_t ntab = 3 * (int64_t)(nseq + ntiles) + 2 * (P / 32);
-#define KIVI_REGION_FILE "attention_new.inc"
-#include "region_d.inc"
-#undef KIVI_REGION_FILE
-}
-
 int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd, int col_seq,
                            int col_ns, const float *q, float qmul, float *part_o, float *part_ml, int64_t nslots,
                            int async, int lane) {
@@ -103,14 +90,6 @@ int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void 
 }
 
 #else /* no offload: never called (plan.c: never eligible) */
-void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
-                         const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
-                         float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,
-                         int lane) {
-  (void)c; (void)tab; (void)nseq; (void)ntiles; (void)P; (void)HQ; (void)q; (void)kn; (void)vn; (void)qmul; (void)kx;
-  (void)vx; (void)ex; (void)part_o; (void)part_ml; (void)nslots; (void)slot; (void)out; (void)lse; (void)async;
-  (void)lane;
-}
 int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd, int col_seq,
                            int col_ns, const float *q, float qmul, float *part_o, float *part_ml, int64_t nslots,
                            int async, int lane) {

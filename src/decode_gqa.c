@@ -337,6 +337,14 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       }
       fk_cp_commit();
     }
+    /* ---- lane (g, t): head g's q (its loads in flight with the pass over the key scales below) at the channels of its key words 4 c + t, and at t D / 4 .. for the zeros' A */
+    const int hv = g < nh;
+    float qv[32], mq = 0.0f; /* D / 4 used */
+    #pragma unroll
+    for (int c = 0; c < D / 4; ++c) {
+      qv[c] = hv ? qg[g * D + CPW * (4 * (c / CPW) + t) + c % CPW] * a->qmul : 0.0f;
+      mq = fmaxf(mq, fabsf(qv[c]));
+    }
     /* ---- the largest K scale of the block's groups (scales are >= 0: their bits order as values) */
     uint32_t sm2 = 0;
     for (int it = tid; it < ngm * (D / 8); it += FNT) {
@@ -347,14 +355,6 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
     }
     sm2 = wmaxu((sm2 & 0xffffu) > (sm2 >> 16) ? sm2 & 0xffffu : sm2 >> 16);
     if (lane == 0) s_i[wid] = (int)sm2;
-    /* ---- lane (g, t): head g's q at the channels of its key words 4 c + t, and at t D / 4 .. for the zeros' A */
-    const int hv = g < nh;
-    float qv[32], mq = 0.0f; /* D / 4 used */
-    #pragma unroll
-    for (int c = 0; c < D / 4; ++c) {
-      qv[c] = hv ? qg[g * D + CPW * (4 * (c / CPW) + t) + c % CPW] * a->qmul : 0.0f;
-      mq = fmaxf(mq, fabsf(qv[c]));
-    }
     mq = fmaxf(mq, shfx(mq, 1));
     mq = fmaxf(mq, shfx(mq, 2)); /* head g's largest |q| */
     fk_sync();

@@ -144,6 +144,10 @@ static inline __attribute__((unused)) void fk_ldsm4t(uint32_t *r, const void *p)
   __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fk_saddr(p)) : "memory");
 }
+static inline __attribute__((unused)) void fk_ldsm4ts(uint32_t *r, uint32_t a) {
+  __asm__ volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
 /* a hint: the 128-byte line holding p into L1 (no register waits for it) */
 static inline __attribute__((unused)) void fk_pf1(const void *p) { __asm__ volatile("prefetch.L1 [%0];" : : "l"(p)); }
 static inline fk_v4u ld16(const uint32_t *p) { return __nvvm_ldg_ui4((const fk_v4u *)p); }
@@ -205,6 +209,10 @@ static inline __attribute__((unused)) void fk_ldsm4s(uint32_t *r, uint32_t a) {
 }
 static inline __attribute__((unused)) void fk_ldsm4t(uint32_t *r, const void *p) {
   memcpy(r, p, 16);
+}
+static inline __attribute__((unused)) void fk_ldsm4ts(uint32_t *r, uint32_t a) {
+  (void)r;
+  (void)a;
 }
 static inline __attribute__((unused)) void fk_pf1(const void *p) { (void)p; }
 static inline fk_v4u ld16(const uint32_t *p) { fk_v4u r = {p[0], p[1], p[2], p[3]}; return r; }
@@ -357,7 +365,7 @@ static inline int fk_block_arrive(unsigned *p, unsigned last, int tid, int *s_la
 }
 
 /* The power-of-two exponent that brings a largest magnitude m below 2^15 (0 for m = 0, within
- * fp32's exponents: the new tokens of an extend call, attention_new.inc), and the two f16 parts
+ * fp32's exponents: the new tokens of an extend call, extend_gpu.c), and the two f16 parts
  * of a pair of floats (hi = f16(x), lo = f16(x - hi), packed low = x0: 22 bits of each). */
 static inline int new_shift(float m) {
   if (!(m > 0.0f)) return 0;

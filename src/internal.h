@@ -248,12 +248,12 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
                          int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
                          unsigned *cnt, void *out, int out_f16, int async, int lane);
 
-/* GPU path of an extend call's new tokens (attention_gpu.c, attention_new.inc): their causal
- * attention among themselves from the fp32 inputs, on the tensor cores with every operand in two
- * f16 parts (fp32-class), head_dim 64 or 128, ::KIVI_ATTENTION_FAST.  tab (host, int32): nseq
+/* GPU path of an extend call's new tokens (extend_gpu.c): their causal attention among
+ * themselves from the fp32 inputs, on the tensor cores with f16 operands and fp32 accumulators
+ * (fp16-attention class), head_dim 64 or 128, ::KIVI_ATTENTION_FAST.  tab (host, int32): nseq
  * sequences {first row, new tokens, offset in the staging buffers (a multiple of 32)}, ntiles
  * tiles of up to KIVI_NEW_TILE rows {first row, rows, sequence}, then the P / 32 staging tiles of
- * 32 tokens {first row, tokens}; the staging buffers kx and vx hold 2 H P head_dim halves each,
+ * 32 tokens {first row, tokens}; the staging buffers kx and vx hold H P head_dim halves each,
  * ex 2 H P / 32 int32.  Writes slot `slot` of the nslots partials of every (row, query head), or,
  * with nslots = 1, out and lse.  q, kn, vn 16-byte aligned. */
 #define KIVI_NEW_TILE 64

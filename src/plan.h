@@ -36,7 +36,7 @@ typedef struct att_plan {
   int gqa;                           /* the fast path's kernel is the GQA kernel (decode_gqa.c) */
   int ntail;                         /* its tail blocks per (row, kv-head, chunk) in a decode call */
   int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
-  int newk;                          /* extend: the new tokens on the GPU (attention_new.inc), slot nslots - 1 - sink */
+  int newk;                          /* extend: the new tokens on the GPU (extend_gpu.c), slot nslots - 1 - sink */
   int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
   int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
   int64_t new_pad;                   /* its staging rows (each sequence's new tokens padded to 32) */
@@ -51,7 +51,7 @@ int kivi_gpu_fast_eligible(const kivi_cache *c);
 int kivi_gpu_gqa_eligible(const kivi_cache *c, int HQ);
 /* 16-bit keys and values, head_dim 64 or 128: the fp16 cache's decode kernel */
 int kivi_gpu_f16_eligible(const kivi_cache *c);
-/* head_dim 64 or 128: an extend call's new tokens on the tensor cores (attention_new.inc) */
+/* head_dim 64 or 128: an extend call's new tokens on the tensor cores (extend_gpu.c) */
 int kivi_gpu_extend_eligible(const kivi_cache *c);
 
 /* ---- the GQA kernel (decode_gqa.c) */

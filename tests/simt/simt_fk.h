@@ -81,6 +81,7 @@ static inline void simt_ldsm(uint32_t *r, const void *p, int op, const char *fil
 #define fk_ldsm4(r, p) simt_ldsm(r, p, KIVI_SIMT_LDSM, __FILE__, __LINE__)
 #define fk_ldsm4s(r, a) simt_ldsm(r, kivi_simt_shared_base + (int32_t)(a), KIVI_SIMT_LDSM, __FILE__, __LINE__)
 #define fk_ldsm4t(r, p) simt_ldsm(r, p, KIVI_SIMT_LDSMT, __FILE__, __LINE__)
+#define fk_ldsm4ts(r, a) simt_ldsm(r, kivi_simt_shared_base + (int32_t)(a), KIVI_SIMT_LDSMT, __FILE__, __LINE__)
 static inline __attribute__((unused)) void fk_pf1(const void *p) { (void)p; }
 static inline fk_v4u ld16(const uint32_t *p) { fk_v4u r = {p[0], p[1], p[2], p[3]}; return r; }
 static inline fk_v2u ld8(const uint32_t *p) { fk_v2u r = {p[0], p[1]}; return r; }
