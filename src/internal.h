@@ -262,7 +262,7 @@ void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles
                          float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,
                          int lane);
 
-/* GPU kernel of the sink tokens' partials (attention_gpu.c, attention_sink_gpu.inc): a warp per
+/* GPU kernel of the sink tokens' partials (attention_gpu.c, sink_block): a warp per
  * (row, query head) over the row's sink tokens (sd: the call's host descriptor, columns col_seq
  * and col_ns, rows int64 each), into slot nslots - 1 of part_o / part_ml.  0, or -1 where it
  * launched nothing (builds without offload): attention.c's portable region runs instead. */
