@@ -151,19 +151,6 @@ static inline __attribute__((always_inline)) void rotate_block(const rot_args *a
 }
 #pragma omp end declare target
 
-/* Each region twice, chosen at run time by `async` (as region_twice.inc does for the .inc kernels):
- * enqueued with nowait and the lane's dependences, or synchronous.  Needs the locals of
- * region_twice.inc (`c`, `async`, `lane`). */
-#define KIVI_LAUNCH_TWICE(REGION)                                                                                     \
-  do {                                                                                                                \
-    char *dep_a, *dep_b; /* named only in depend clauses */                                                           \
-    kivi_lane_deps(c, lane, &dep_a, &dep_b);                                                                          \
-    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
-      REGION(nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                                         \
-    } else {                                                                                                          \
-      REGION()                                                                                                        \
-    }                                                                                                                 \
-  } while (0)
 #define SINK_REGION(...)                                                                                              \
   KIVI_BARE(nblk, FNT, device(dev) map(to : sd[0:ndd]) is_device_ptr(q, ksink, vsink, part_o, part_ml)                \
                 firstprivate(nit, rows, HQ, gsz, D, H, NL, ns, layer, qmul, nslots, sslot, col_seq, col_ns) __VA_ARGS__) { \

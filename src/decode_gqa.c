@@ -714,20 +714,12 @@ static inline __attribute__((always_inline)) void gq_block(const gq_args *a, uns
   }                                                                                                                    \
   KIVI_REGION_END
 
-#define GQ_LAUNCH(DD, KBB, VBB)                                                                                       \
-  do {                                                                                                                \
-    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
-      GQ_REGION(DD, KBB, VBB, nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                        \
-    } else {                                                                                                          \
-      GQ_REGION(DD, KBB, VBB)                                                                                         \
-    }                                                                                                                 \
-  } while (0)
 #define GQ_LAUNCH_KV(DD)                                                                                              \
   do {                                                                                                                \
-    if (kb == 2 && vb == 2) GQ_LAUNCH(DD, 2, 2);                                                                      \
-    else if (kb == 2) GQ_LAUNCH(DD, 2, 4);                                                                            \
-    else if (vb == 2) GQ_LAUNCH(DD, 4, 2);                                                                            \
-    else GQ_LAUNCH(DD, 4, 4);                                                                                         \
+    if (kb == 2 && vb == 2) KIVI_LAUNCH_TWICE(GQ_REGION, DD, 2, 2, );                                                 \
+    else if (kb == 2) KIVI_LAUNCH_TWICE(GQ_REGION, DD, 2, 4, );                                                       \
+    else if (vb == 2) KIVI_LAUNCH_TWICE(GQ_REGION, DD, 4, 2, );                                                       \
+    else KIVI_LAUNCH_TWICE(GQ_REGION, DD, 4, 4, );                                                                    \
   } while (0)
 
 void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
@@ -746,8 +738,6 @@ void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
                  vsz_off = (uint32_t)c->lay.vsz_off;
   const int nblk = rows * H * nqc * nsf;
   if (nblk <= 0) return;
-  char *dep_a, *dep_b; /* named only in depend clauses */
-  kivi_lane_deps(c, lane, &dep_a, &dep_b);
   if (c->cfg.head_dim == 64)
     GQ_LAUNCH_KV(64);
   else

@@ -219,7 +219,7 @@ static inline __attribute__((always_inline)) void xn_attend(const xn_args *a, un
           mma16816(s[2 * np + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
         }
       /* s[nt] = {row ra: tokens kb0 + 8 nt + 2 t, + 1; row rb: the same}: the mask, the rows' maxima */
-      const float ska = fa * fk_p2(-(int32_t)e2.x), skb = fb * fk_p2(-(int32_t)e2.x); /* the logit of s: s ska */
+      const float fkk = fk_p2(-(int32_t)e2.x), ska = fa * fkk, skb = fb * fkk; /* the logit of s: s ska */
       if (kb0 + XN_BK - 1 > wfirst) { /* warp-uniform: the tile reaches past a row of the warp */
         #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
@@ -355,15 +355,6 @@ static inline __attribute__((always_inline)) void xn_attend(const xn_args *a, un
   }                                                                                                                   \
   KIVI_REGION_END
 
-#define XN_LAUNCH(DD)                                                                                                 \
-  do {                                                                                                                \
-    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
-      XN_REGIONS(DD, nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                                 \
-    } else {                                                                                                          \
-      XN_REGIONS(DD)                                                                                                  \
-    }                                                                                                                 \
-  } while (0)
-
 void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles, int64_t P, int HQ, const float *q,
                          const float *kn, const float *vn, float qmul, uint16_t *kx, uint16_t *vx, int32_t *ex,
                          float *part_o, float *part_ml, int64_t nslots, int64_t slot, float *out, float *lse, int async,
@@ -371,12 +362,10 @@ void kivi_gpu_extend_new(kivi_cache *c, const int32_t *tab, int nseq, int ntiles
   const int H = c->cfg.n_kv_heads, dev = c->ctx->device, direct = nslots == 1, nmain = ntiles * HQ;
   const int nprep = (int)(P / 32) * H;
   const int64_t ntab = 3 * (int64_t)(nseq + ntiles) + 2 * (P / 32);
-  char *dep_a, *dep_b; /* named only in depend clauses */
-  kivi_lane_deps(c, lane, &dep_a, &dep_b);
   if (c->cfg.head_dim == 64)
-    XN_LAUNCH(64);
+    KIVI_LAUNCH_TWICE(XN_REGIONS, 64, );
   else
-    XN_LAUNCH(128);
+    KIVI_LAUNCH_TWICE(XN_REGIONS, 128, );
 }
 
 #else /* no offload: never called (plan.c: never eligible) */

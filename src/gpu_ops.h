@@ -19,6 +19,23 @@
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
 
+/* A bare region written out twice, chosen at run time by `async` (internal.h's KIVI_RUN_*): as a
+ * region enqueued with nowait and the dependences of the call's lane (kivi_lane_deps), or as a
+ * synchronous one, as region_twice.inc does for the .inc kernels.  REGION(args..., clauses...) is
+ * a macro whose variadic parameters are the run mode's clauses; its arguments are given with a
+ * comma after the last (KIVI_LAUNCH_TWICE(GQ_REGION, 64, 2, 2,)), none where it has none
+ * (KIVI_LAUNCH_TWICE(SINK_REGION)).  Needs the locals `c`, `async` and `lane`. */
+#define KIVI_LAUNCH_TWICE(REGION, ...)                                                                                \
+  do {                                                                                                                \
+    char *dep_a, *dep_b; /* named only in depend clauses */                                                           \
+    kivi_lane_deps(c, lane, &dep_a, &dep_b);                                                                          \
+    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
+      REGION(__VA_ARGS__ nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                             \
+    } else {                                                                                                          \
+      REGION(__VA_ARGS__)                                                                                             \
+    }                                                                                                                 \
+  } while (0)
+
 /* The fp16 cache's kernel (attention_f16.inc) combines with fk_combine from this many slots on,
  * and with kivi_combine_item below.  Measured on the H200 (docs/PERF.md, round 9): fk_combine
  * was faster with 9 and 33 slots (4 heads each) and slower with 5. */
