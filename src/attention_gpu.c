@@ -1,6 +1,5 @@
 /* GPU kernels of the attention calls besides the GQA decode kernel (decode_gqa.c) and the new
- * tokens' kernel (extend_gpu.c): the fp16 cache's decode kernels (attention_f16.inc,
- * attention_f16s.inc), the sink tokens' partials (sink_block) and the rotation of head vectors
+ * tokens' kernel (extend_gpu.c): the fp16 cache's decode kernel (attention_f16s.inc), the sink tokens' partials (sink_block) and the rotation of head vectors
  * (rotate_block), each launched from a function below.  Which of them a call
  * runs is plan.c's choice. */
 #include "config.h"
@@ -173,7 +172,7 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int32_t *bt = c->bt;
   const uint16_t *kres = c->kres, *vres = c->vres;
   const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, chunk = kivi_f16_heads(gsz), nqc = kivi_head_chunks(gsz, chunk);
+  const int gsz = HQ / H, nqc = kivi_head_chunks(gsz, KIVI_F16_NH);
   const int Rm = R - 1, lr = kivi_log2up(R);
   const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_f16_eligible */
   const size_t sub = c->lay.sub_bytes;
@@ -181,31 +180,9 @@ void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
   const int dev = c->ctx->device;
   const int nblk = rows * H * nqc * nf;
   if (nblk <= 0) return;
-#if KIVI_F16_STREAM /* the streamed kernel, from KIVI_F16_STREAM_GSZ query heads per kv-head (plan.h) */
-  if (kivi_f16_streamed(gsz)) {
 #define KIVI_REGION_FILE "attention_f16s.inc"
 #include "region_d.inc"
 #undef KIVI_REGION_FILE
-    return;
-  }
-#endif
-#if !KIVI_F16_STREAM || KIVI_F16_STREAM_GSZ > 1 /* the two-phase kernel, only where it can run */
-#define KIVI_REGION_FILE "attention_f16.inc"
-  if (chunk == 8) {
-#define F16_NH 8
-#define F16_SPLIT KIVI_F16_SPLIT(8)
-#include "region_d.inc"
-#undef F16_SPLIT
-#undef F16_NH
-  } else {
-#define F16_NH 4
-#define F16_SPLIT KIVI_F16_SPLIT(4)
-#include "region_d.inc"
-#undef F16_SPLIT
-#undef F16_NH
-  }
-#undef KIVI_REGION_FILE
-#endif
 }
 
 int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd, int col_seq,

@@ -36,11 +36,6 @@
     }                                                                                                                 \
   } while (0)
 
-/* The fp16 cache's kernel (attention_f16.inc) combines with fk_combine from this many slots on,
- * and with kivi_combine_item below.  Measured on the H200 (docs/PERF.md, round 9): fk_combine
- * was faster with 9 and 33 slots (4 heads each) and slower with 5. */
-#define KIVI_F16_PCOMBINE_MIN 8
-
 #pragma omp declare target
 static inline float fk_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t fk_u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

@@ -35,7 +35,7 @@ typedef struct att_plan {
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
   int gqa;                           /* the fast path's kernel is the GQA kernel (decode_gqa.c) */
   int ntail;                         /* its tail blocks per (row, kv-head, chunk) in a decode call */
-  int f16;                           /* the fp16 cache's kernel (attention_f16.inc; fused, nf splits) */
+  int f16;                           /* the fp16 cache's kernel (attention_f16s.inc; fused, nf splits) */
   int newk;                          /* extend: the new tokens on the GPU (extend_gpu.c), slot nslots - 1 - sink */
   int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
   int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
@@ -76,30 +76,17 @@ static inline int kivi_gpu_gqa_tails(int R) { return (R + 31 + KIVI_GQA_TAIL - 1
  * kernels take a block per chunk; the last one may hold fewer heads). */
 static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh; }
 
-/* ---- the fp16 cache's kernels (attention_f16s.inc, attention_f16.inc) */
-/* GPU fp16-cache path (attention_gpu.c, attention_f16.inc): a decode call on a cache of 16-bit
- * keys and values, head_dim 64 or 128, R a power of two >= 32, in one launch: a block per (row,
- * kv-head, chunk of up to kivi_f16_heads(gsz) query heads, split of fs <= KIVI_F16_SPLIT(nh)
- * tokens, a multiple of 64), nf splits per row, partials in slots 0 .. nf-1 and the combine by
- * the last block of each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head).
- * Chunks of 8 where a kv-head has more than 4 query heads (its K and V read once for them). */
-/* 1 (the default): where a kv-head has KIVI_F16_STREAM_GSZ or more query heads, the streamed
- * kernel (attention_f16s.inc: each warp streams 16-token units through a cp.async ring, online
- * softmax, no block barrier) instead: 5-34 % less time at every GQA shape measured (docs/PERF.md,
- * round 27), and 4-7 % less at four of the five MHA shapes (3 % more at (1, 4096); round 33).
- * CPPFLAGS=-DKIVI_F16_STREAM=0 builds the two-phase kernel alone, for comparison; it is compiled
- * only where it can run (KIVI_F16_STREAM 0, or KIVI_F16_STREAM_GSZ above 1). */
-#ifndef KIVI_F16_STREAM
-#define KIVI_F16_STREAM 1
-#endif
-#ifndef KIVI_F16_STREAM_GSZ
-#define KIVI_F16_STREAM_GSZ 1 /* query heads per kv-head from which the streamed kernel serves */
-#endif
-static inline int kivi_f16_streamed(int gsz) { return KIVI_F16_STREAM && gsz >= KIVI_F16_STREAM_GSZ; }
-static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(gsz) ? 8 : 4; }
-#define KIVI_F16_SPLIT(nh) (8192 / (nh)) /* s_p: nh x split floats */
-#define KIVI_F16_BLOCKS (12 * KIVI_FAST_SMS)
-#define KIVI_F16_MAXSPLITS 32
+/* ---- the fp16 cache's kernel (attention_f16s.inc) */
+/* A decode call on a cache of 16-bit keys and values, head_dim 64 or 128, R a power of two >= 32,
+ * in one launch: a block per (row, kv-head, chunk of up to KIVI_F16_NH query heads, split of fs
+ * tokens), nf splits per row, partials in slots 0 .. nf-1 and the combine by the last block of
+ * each (row, chunk) (counters cnt [rows][HQ], at the chunk's first head); each warp streams its
+ * own 16-token units through a cp.async ring with an online softmax, no block barrier.  (Its
+ * two-phase predecessor, a build option for comparison since round 27, is gone: the streamed
+ * kernel took 5-34 % less time at every GQA shape measured and 4-7 % less at four of the five
+ * MHA shapes, 3 % more at (1, 4096); docs/PERF.md, rounds 27 and 33.) */
+#define KIVI_F16_NH 8
+#define KIVI_F16_SPLIT (8192 / KIVI_F16_NH) /* the split above which the plan goes only where its blocks fit one wave */
 /* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
  * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
  * for measurement (docs/PERF.md, round 41) */
@@ -128,9 +115,6 @@ static inline int kivi_f16_heads(int gsz) { return gsz > 4 || kivi_f16_streamed(
 #define KIVI_F16S_ONE 2048 /* rows longer than this take one split where the pairs make KIVI_F16S_FEW blocks */
 #ifndef KIVI_F16S_MINSPLIT
 #define KIVI_F16S_MINSPLIT 128
-#endif
-#ifndef KIVI_F16_MINSPLIT
-#define KIVI_F16_MINSPLIT 256 /* tokens a split has at least where the plan may choose */
 #endif
 
 /* The plan of a call of `rows` rows (descriptor hd, columns R_*: R_BEG is filled here) with HQ
