@@ -20,7 +20,8 @@
  *          sink tokens; uploaded only when the portable kernel runs (the fast and sink kernels
  *          map the host copy with their launches)
  *   ksink, vsink  the sink tokens (cache.c); with sinks, slot nslots - 1 of every (row, head)
- *          is theirs (attention_sink.inc, before the other kernels), the combines take it in
+ *          is theirs (sink_partials_portable or the GPU's sink_block, before the other kernels), the
+ *          combines take it in
  *   cnt    [rows][H][head chunks] u32 arrival counters, zero between calls ([rows][HQ] for
  *          the fused fast kernel) */
 #include <math.h>
@@ -148,6 +149,55 @@ static kivi_status run_new(kivi_cache *c, int rows, const int64_t *hd, const att
   return KIVI_OK;
 }
 
+/* The sink tokens' partials on host threads or through the portable region (the GPU has its own
+ * kernel: kivi_gpu_sink_partials).  Item = (row, query head, channel d): the online softmax over
+ * the row's sink tokens (at most ns, fp16 in the sink area), logits q . k in fp32 scaled by qmul
+ * (base 2) as every kernel's, and the unnormalized output channel d; the thread of channel 0 also
+ * writes (m, l).  Each thread computes the item's logits itself: ns x head_dim multiply-adds,
+ * small beside the quantized stream's kernels.  Slot sslot = nslots - 1 of the partials; the
+ * other kernels' combines, which run after this region, take it in. */
+#define SINK_PORTABLE_REGION(...)                                                                                      \
+  KIVI_PRAGMA_X(omp target teams distribute parallel for device(dev) KIVI_LOOP_TEAMS map(to : sd[0:ndd])               \
+                    is_device_ptr(q, ksink, vsink, part_o, part_ml) __VA_ARGS__)                                       \
+  for (int64_t it = 0; it < nsi; ++it) {                                                                               \
+    const int d = (int)(it % D);                                                                                       \
+    const int64_t rh = it / D, r = rh / HQ;                                                                            \
+    const int kvh = (int)(rh % HQ) / gsz;                                                                              \
+    const int64_t s = sd[R_SEQ * (int64_t)rows + r], n = sd[R_NS * (int64_t)rows + r];                                 \
+    const size_t at = (((size_t)s * NL + layer) * H + kvh) * (size_t)ns * D;                                           \
+    const float *qr = q + (size_t)rh * D;                                                                              \
+    float m = -INFINITY, l = 0.0f, o = 0.0f;                                                                           \
+    for (int64_t t = 0; t < n; ++t) {                                                                                  \
+      const uint16_t *kr = ksink + at + (size_t)t * D;                                                                 \
+      float x = 0.0f;                                                                                                  \
+      for (int e = 0; e < D; ++e) x += qr[e] * kivi_f16_to_f32(kr[e]);                                                 \
+      x *= qmul;                                                                                                       \
+      if (x > m) { /* the running maximum moves: rescale what is summed */                                             \
+        const float w = exp2f(m - x);                                                                                  \
+        l *= w;                                                                                                        \
+        o *= w;                                                                                                        \
+        m = x;                                                                                                         \
+      }                                                                                                                \
+      const float p = exp2f(x - m);                                                                                    \
+      l += p;                                                                                                          \
+      o += p * kivi_f16_to_f32(vsink[at + (size_t)t * D + d]);                                                         \
+    }                                                                                                                  \
+    part_o[((size_t)rh * nslots + sslot) * D + d] = o;                                                                 \
+    if (d == 0) {                                                                                                      \
+      part_ml[((size_t)rh * nslots + sslot) * 2] = m;                                                                  \
+      part_ml[((size_t)rh * nslots + sslot) * 2 + 1] = l;                                                              \
+    }                                                                                                                  \
+  }
+static void sink_partials_portable(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd,
+                                   const float *q, float qmul, float *part_o, float *part_ml, int64_t nslots, int async,
+                                   int lane) {
+  const uint16_t *ksink = c->ksink, *vsink = c->vsink;
+  const int D = c->cfg.head_dim, H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, ns = c->ns, gsz = HQ / H;
+  const int dev = c->ctx->device;
+  const int64_t nsi = (int64_t)rows * HQ * D, sslot = nslots - 1;
+  KIVI_LAUNCH_TWICE(SINK_PORTABLE_REGION);
+}
+
 /* Shared by decode and extend once the rows are described; q/k_new/v_new/out/lse are device
  * pointers or NULL. */
 static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *hd, const att_plan *pl, int HQ,
@@ -191,15 +241,10 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   if (pl->sink) { /* the sink tokens' partials, before the kernels whose combines read them */
     const int64_t *sd = async == KIVI_RUN_ENQUEUE ? kivi_async_keep_copy(c, hd, ddn * 8) : hd;
     if (!sd) return KIVI_ERR_NOMEM;
-    const uint16_t *ksink = c->ksink, *vsink = c->vsink;
-    const int64_t nsi = (int64_t)rows * HQ * D, sslot = nslots - 1, ndd = (int64_t)ddn;
-    const int ns = c->ns, dev = ctx->device;
+    const int64_t ndd = (int64_t)ddn;
     if (!ctx->on_gpu || kivi_gpu_sink_partials(c, layer, rows, HQ, sd, ndd, R_SEQ, R_NS, q, qmul, part_o, part_ml,
-                                               nslots, async, lane)) {
-#define KIVI_REGION_FILE "attention_sink.inc"
-#include "region_twice.inc"
-#undef KIVI_REGION_FILE
-    }
+                                               nslots, async, lane))
+      sink_partials_portable(c, layer, rows, HQ, sd, ndd, q, qmul, part_o, part_ml, nslots, async, lane);
   }
   const int fastk = pl->nf > 0 || pl->fused; /* the fast path's kernel runs */
   if (fastk) {

@@ -41,7 +41,7 @@ typedef struct rot_args {
 #pragma omp declare target
 /* The kernel of kivi_gpu_sink_partials: a warp per (row, query head), FNW per block.  Lane l holds channels l E .. l E + E - 1 (E = D / 32)
  * of q and of the output; per sink token the lanes' partial dot products are summed by a
- * butterfly, then the online softmax (base 2, scaled by qmul) as attention_sink.inc computes it
+ * butterfly, then the online softmax (base 2, scaled by qmul) as sink_partials_portable (attention.c) computes it
  * on the host, in another order of the dot product's sums.  The key and value rows of
  * KIVI_SINK_CHUNK tokens are loaded before any of them is used, so that their loads are in
  * flight together (one after another they made a chain of dependent round trips: 7-8 us for 4

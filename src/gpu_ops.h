@@ -19,23 +19,6 @@
 #define FNT 128 /* threads per block */
 #define FNW 4   /* warps per block */
 
-/* A bare region written out twice, chosen at run time by `async` (internal.h's KIVI_RUN_*): as a
- * region enqueued with nowait and the dependences of the call's lane (kivi_lane_deps), or as a
- * synchronous one, as region_twice.inc does for the .inc kernels.  REGION(args..., clauses...) is
- * a macro whose variadic parameters are the run mode's clauses; its arguments are given with a
- * comma after the last (KIVI_LAUNCH_TWICE(GQ_REGION, 64, 2, 2,)), none where it has none
- * (KIVI_LAUNCH_TWICE(SINK_REGION)).  Needs the locals `c`, `async` and `lane`. */
-#define KIVI_LAUNCH_TWICE(REGION, ...)                                                                                \
-  do {                                                                                                                \
-    char *dep_a, *dep_b; /* named only in depend clauses */                                                           \
-    kivi_lane_deps(c, lane, &dep_a, &dep_b);                                                                          \
-    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
-      REGION(__VA_ARGS__ nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                             \
-    } else {                                                                                                          \
-      REGION(__VA_ARGS__)                                                                                             \
-    }                                                                                                                 \
-  } while (0)
-
 #pragma omp declare target
 static inline float fk_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t fk_u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -114,29 +97,6 @@ static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src)
   __asm__ volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(a), "l"(src) : "memory");
 }
 static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { fk_cp16s(fk_saddr(dst), src); }
-/* A 16-token unit's keys and values at head_dim 128 in one statement (attention_f16s.inc): row pair i
- * (0..7) of the lane's copies goes from k + 512 i and v + 512 i to the shared addresses s[i % 4] +
- * 512 i and that + 4096, each address one base register and an immediate offset, so that the 16
- * copies hold no address registers of their own. */
-static inline __attribute__((unused)) void fk_cp16s_unit128(const uint32_t *s, const void *k, const void *v) {
-  __asm__ volatile("cp.async.cg.shared.global [%0], [%4], 16;\n\t"
-                   "cp.async.cg.shared.global [%1+512], [%4+512], 16;\n\t"
-                   "cp.async.cg.shared.global [%2+1024], [%4+1024], 16;\n\t"
-                   "cp.async.cg.shared.global [%3+1536], [%4+1536], 16;\n\t"
-                   "cp.async.cg.shared.global [%0+2048], [%4+2048], 16;\n\t"
-                   "cp.async.cg.shared.global [%1+2560], [%4+2560], 16;\n\t"
-                   "cp.async.cg.shared.global [%2+3072], [%4+3072], 16;\n\t"
-                   "cp.async.cg.shared.global [%3+3584], [%4+3584], 16;\n\t"
-                   "cp.async.cg.shared.global [%0+4096], [%5], 16;\n\t"
-                   "cp.async.cg.shared.global [%1+4608], [%5+512], 16;\n\t"
-                   "cp.async.cg.shared.global [%2+5120], [%5+1024], 16;\n\t"
-                   "cp.async.cg.shared.global [%3+5632], [%5+1536], 16;\n\t"
-                   "cp.async.cg.shared.global [%0+6144], [%5+2048], 16;\n\t"
-                   "cp.async.cg.shared.global [%1+6656], [%5+2560], 16;\n\t"
-                   "cp.async.cg.shared.global [%2+7168], [%5+3072], 16;\n\t"
-                   "cp.async.cg.shared.global [%3+7680], [%5+3584], 16;"
-                   : : "r"(s[0]), "r"(s[1]), "r"(s[2]), "r"(s[3]), "l"(k), "l"(v) : "memory");
-}
 static inline __attribute__((unused)) void fk_cp_commit(void) { __asm__ volatile("cp.async.commit_group;" : : : "memory"); }
 #define fk_cp_wait(n) __asm__ volatile("cp.async.wait_group %0;" : : "n"(n) : "memory")
 /* Four 8 x 8 matrices of 16-bit elements from shared memory (ldmatrix, sm_75+): lane l gives the
@@ -207,9 +167,6 @@ static inline void mma16816(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uin
 static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
 static inline __attribute__((unused)) uint32_t fk_saddr(const void *p) { return (uint32_t)(uintptr_t)p; }
 static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src) { (void)a; (void)src; }
-static inline __attribute__((unused)) void fk_cp16s_unit128(const uint32_t *s, const void *k, const void *v) {
-  (void)s; (void)k; (void)v;
-}
 static inline __attribute__((unused)) void fk_cp_commit(void) {}
 #define fk_cp_wait(n) ((void)(n))
 static inline __attribute__((unused)) void fk_ldsm4(uint32_t *r, const void *p) {

@@ -209,6 +209,22 @@ static inline void kivi_lane_deps(kivi_cache *c, int lane, char **a, char **b) {
   *a = lane >= 0 ? c->lanes[lane].dep : c->dep;
   *b = lane >= 0 ? c->dep : c->lanes[0].dep;
 }
+/* A region written out twice, chosen at run time by `async` (internal.h's KIVI_RUN_*): as a
+ * region enqueued with nowait and the dependences of the call's lane (kivi_lane_deps), or as a
+ * synchronous one (region_twice.inc does the same for the .inc kernels).  REGION(args..., clauses...) is
+ * a macro whose variadic parameters are the run mode's clauses; its arguments are given with a
+ * comma after the last (KIVI_LAUNCH_TWICE(GQ_REGION, 64, 2, 2,)), none where it has none
+ * (KIVI_LAUNCH_TWICE(SINK_REGION)).  Needs the locals `c`, `async` and `lane`. */
+#define KIVI_LAUNCH_TWICE(REGION, ...)                                                                                \
+  do {                                                                                                                \
+    char *dep_a, *dep_b; /* named only in depend clauses */                                                           \
+    kivi_lane_deps(c, lane, &dep_a, &dep_b);                                                                          \
+    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
+      REGION(__VA_ARGS__ nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                             \
+    } else {                                                                                                          \
+      REGION(__VA_ARGS__)                                                                                             \
+    }                                                                                                                 \
+  } while (0)
 
 static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
   return c->bt_host + ((size_t)seq * c->cfg.n_layers + layer) * c->max_blocks;

@@ -37,7 +37,7 @@ typedef struct att_plan {
   int ntail;                         /* its tail blocks per (row, kv-head, chunk) in a decode call */
   int f16;                           /* the fp16 cache's kernel (attention_f16s.inc; fused, nf splits) */
   int newk;                          /* extend: the new tokens on the GPU (extend_gpu.c), slot nslots - 1 - sink */
-  int sink;                          /* the sink tokens' partials (attention_sink.inc), slot nslots - 1 */
+  int sink;                          /* the sink tokens' partials (attention.c, attention_gpu.c), slot nslots - 1 */
   int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
   int64_t new_pad;                   /* its staging rows (each sequence's new tokens padded to 32) */
   int64_t nslots;                    /* partials per (row, head): nf + nsplit (+ 1 newk), or nf + 1 fused; + 1 sink */
@@ -89,20 +89,10 @@ static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh
 #define KIVI_F16_SPLIT (8192 / KIVI_F16_NH) /* the split above which the plan goes only where its blocks fit one wave */
 /* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
  * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
- * for measurement (docs/PERF.md, round 41) */
+ * for measurement: on an H100, 3-8 % less time at GQA batch 1, 2 % more at MHA (1, 4096)
+ * (docs/PERF.md, round 45); to be measured with the vector combine before it becomes the default */
 #ifndef KIVI_F16S_NW
 #define KIVI_F16S_NW 2
-#endif
-/* 1: the streamed kernel copies a unit wholly in the pool at head_dim 128 in one statement
- * (fk_cp16s_unit128: 253 instructions a unit instead of 429), a build for measurement (docs/PERF.md,
- * round 41) */
-#ifndef KIVI_F16S_ROWS8
-#define KIVI_F16S_ROWS8 0
-#endif
-/* 1: the streamed kernel's combine takes 4 channels a thread with one 16-byte load a slot, a build
- * for measurement (docs/PERF.md, round 41) */
-#ifndef KIVI_F16S_CVEC
-#define KIVI_F16S_CVEC 0
 #endif
 /* the streamed kernel's plan (kivi_plan_call) */
 #ifndef KIVI_F16S_BLOCKS

@@ -63,12 +63,6 @@ static inline __attribute__((unused)) void fk_cp16s(uint32_t a, const void *src)
   memcpy(kivi_simt_shared_base + (int32_t)a, src, 16);
 }
 static inline __attribute__((unused)) void fk_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
-static inline __attribute__((unused)) void fk_cp16s_unit128(const uint32_t *s, const void *k, const void *v) {
-  for (int i = 0; i < 8; ++i) {
-    fk_cp16s(s[i % 4] + 512u * i, (const unsigned char *)k + 512 * i);
-    fk_cp16s(s[i % 4] + 512u * i + 4096u, (const unsigned char *)v + 512 * i);
-  }
-}
 static inline __attribute__((unused)) void fk_cp_commit(void) {}
 #define fk_cp_wait(n) ((void)(n))
 static inline void simt_ldsm(uint32_t *r, const void *p, int op, const char *file, int line) {
