@@ -28,10 +28,7 @@
 #define QNT 128 /* threads per block */
 #define QD 128  /* head_dim */
 /* value kernel: channel groups per thread (1, 2 or 4), tokens per warp */
-#ifndef KIVI_APPEND_QVG
-#define KIVI_APPEND_QVG 2
-#endif
-#define QVG KIVI_APPEND_QVG
+#define QVG 2
 #define QVT (8 * QVG)
 #define QVTB (QVG == 1 ? 3 : QVG == 2 ? 4 : 5) /* log2 QVT */
 

@@ -95,17 +95,13 @@ static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh
 #define KIVI_F16S_NW 2
 #endif
 /* the streamed kernel's plan (kivi_plan_call) */
-#ifndef KIVI_F16S_BLOCKS
 #define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
-#endif
 #define KIVI_F16S_SPLITS 8 /* splits of the longest row the plan aims at, at most */
 #define KIVI_F16S_MAXSPLIT 4096                 /* the longest split it makes */
 #define KIVI_F16S_WAVE (12 / KIVI_F16S_NW * KIVI_FAST_SMS) /* its blocks resident at once (head_dim 128) */
 #define KIVI_F16S_FEW (3 * KIVI_FAST_SMS / 2)   /* fewer blocks than this: splits above 1024 halved */
 #define KIVI_F16S_ONE 2048 /* rows longer than this take one split where the pairs make KIVI_F16S_FEW blocks */
-#ifndef KIVI_F16S_MINSPLIT
 #define KIVI_F16S_MINSPLIT 128
-#endif
 
 /* The plan of a call of `rows` rows (descriptor hd, columns R_*: R_BEG is filled here) with HQ
  * query heads: decode (no new tokens) or extend (newk: the new tokens' GPU kernel takes them). */
