@@ -1,7 +1,7 @@
 /* GPU kernels of the attention calls besides the GQA decode kernel (decode_gqa.c) and the new
- * tokens' kernel (extend_gpu.c): the fp16 cache's decode kernel (attention_f16s.inc), the sink tokens' partials (sink_block) and the rotation of head vectors
- * (rotate_block), each launched from a function below.  Which of them a call
- * runs is plan.c's choice. */
+ * tokens' kernel (extend_gpu.c): the fp16 cache's decode kernel (attention_f16s.inc), the sink
+ * tokens' partials (sink_block) and the rotation of head vectors (rotate_block), each launched
+ * from a function below.  Which of them a call runs is plan.c's choice. */
 #include "config.h"
 
 #include "internal.h"
@@ -41,8 +41,8 @@ typedef struct rot_args {
 #pragma omp declare target
 /* The kernel of kivi_gpu_sink_partials: a warp per (row, query head), FNW per block.  Lane l holds channels l E .. l E + E - 1 (E = D / 32)
  * of q and of the output; per sink token the lanes' partial dot products are summed by a
- * butterfly, then the online softmax (base 2, scaled by qmul) as sink_partials_portable (attention.c) computes it
- * on the host, in another order of the dot product's sums.  The key and value rows of
+ * butterfly, then the online softmax (base 2, scaled by qmul) as sink_partials_portable
+ * (attention.c) computes it on the host, in another order of the dot product's sums.  The key and value rows of
  * KIVI_SINK_CHUNK tokens are loaded before any of them is used, so that their loads are in
  * flight together (one after another they made a chain of dependent round trips: 7-8 us for 4
  * sinks on an H200, 4.6-5.9 us loaded together). */

@@ -209,11 +209,11 @@ static inline void kivi_lane_deps(kivi_cache *c, int lane, char **a, char **b) {
   *a = lane >= 0 ? c->lanes[lane].dep : c->dep;
   *b = lane >= 0 ? c->dep : c->lanes[0].dep;
 }
-/* A region written out twice, chosen at run time by `async` (internal.h's KIVI_RUN_*): as a
- * region enqueued with nowait and the dependences of the call's lane (kivi_lane_deps), or as a
- * synchronous one (region_twice.inc does the same for the .inc kernels).  REGION(args..., clauses...) is
- * a macro whose variadic parameters are the run mode's clauses; its arguments are given with a
- * comma after the last (KIVI_LAUNCH_TWICE(GQ_REGION, 64, 2, 2,)), none where it has none
+/* A region written out twice, chosen at run time by `async` (KIVI_RUN_*): as a region enqueued
+ * with nowait and the dependences of the call's lane (kivi_lane_deps), or as a synchronous one
+ * (region_twice.inc does the same for the .inc kernels).  REGION(args..., clauses...) is a macro
+ * whose variadic parameters are the run mode's clauses; its arguments are given with a comma
+ * after the last (KIVI_LAUNCH_TWICE(GQ_REGION, 64, 2, 2,)), none where it has none
  * (KIVI_LAUNCH_TWICE(SINK_REGION)).  Needs the locals `c`, `async` and `lane`. */
 #define KIVI_LAUNCH_TWICE(REGION, ...)                                                                                \
   do {                                                                                                                \

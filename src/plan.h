@@ -86,7 +86,8 @@ static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh
  * kernel took 5-34 % less time at every GQA shape measured and 4-7 % less at four of the five
  * MHA shapes, 3 % more at (1, 4096); docs/PERF.md, rounds 27 and 33.) */
 #define KIVI_F16_NH 8
-#define KIVI_F16_SPLIT (8192 / KIVI_F16_NH) /* the split above which the plan goes only where its blocks fit one wave */
+/* the longest split the plan makes unless its blocks are all resident at once (KIVI_F16S_WAVE) */
+#define KIVI_F16_SPLIT 1024
 /* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
  * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
  * for measurement: on an H100, 3-8 % less time at GQA batch 1, 2 % more at MHA (1, 4096)
