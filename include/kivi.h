@@ -302,7 +302,7 @@ typedef enum kivi_clip {
  * 65504 or not finite).  The values outside a narrowed range take code 0 or maxq.  On
  * SmolLM2-135M with 2-bit keys and values, 4 sink tokens and K and V rotated it lowered the
  * perplexity loss from +4.7..+6.5 % to +3.3..+5.3 % of fp16's; with 4-bit keys it changed
- * nothing beyond the runs' spread (docs/RESULTS.md).  Appends quantize values more slowly with it (on a GPU
+ * nothing beyond the runs' spread (docs/BENCHMARKS.md).  Appends quantize values more slowly with it (on a GPU
  * the larger appends take the portable kernels: a 32,768-token, 32 x 128 prefill 2.9 ms
  * against 0.45 ms on an H200; a decode step's append of 8 sequences +12 to +17 us). */
 

@@ -26,7 +26,7 @@ at position c sees the cache as it stands at length c, plus its own chunk's toke
     with --clip-v-only / --clip-k-only (kivi_cache_config.v_clip is the values' rule with N = 8);
     --v-mean: each channel's mean over the sinks (or all tokens) taken from the values before
     their quantization and added back after.
-Checked against the real cache with the same settings (docs/RESULTS.md).  Prints one JSON line.
+Checked against the real cache with the same settings (docs/BENCHMARKS.md).  Prints one JSON line.
 """
 import argparse, json, os, sys
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The KV-cache quality study of docs/RESULTS.md: perplexity of SmolLM2-135M with each cache
+# The KV-cache quality study of docs/BENCHMARKS.md: perplexity of SmolLM2-135M with each cache
 # option, scored as llama.cpp's llama-perplexity scores (--score second-half: the second half of
 # each window), next to the option's bits per element at 4096 tokens, one JSON per run.
 #   sh scripts/kv-study.sh BUILD_DIR OUT_DIR [TEXT] [TOKENS] [CTX...]

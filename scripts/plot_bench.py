@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plot decode step time vs context length (fp16 vs KIVI-2 vs KIVI-4) from kivi-bench --json.
 
-    python3 scripts/plot_bench.py bench.json docs/decode_vs_context.png [--anchor=S:US ...] [--title=TEXT]
+    python3 scripts/plot_bench.py bench.json plot.png [--anchor=S:US ...] [--title=TEXT]
 
 Reads the "sweep" records (kivi-bench --sweep); optional --anchor=S:US adds fp16 cuDNN anchor
 points (e.g. --anchor=4096:31 --anchor=32768:139) and --title=TEXT sets the title."""

@@ -32,7 +32,7 @@
  * row and scale it reads copied into shared memory at once, then a thread per (token, pair of
  * heads) for the logits, a thread per channel for the values.  Accuracy: the K operands carry 22
  * bits, the V operands p * scale one
- * f16 (fp16-attention class, FAST_REL_TOL).  docs/PERF.md, round 42, has its measurements. */
+ * f16 (fp16-attention class, FAST_REL_TOL).  docs/PERFORMANCE.md, round 42, has its measurements. */
 #include "config.h"
 
 #include "internal.h"

@@ -30,7 +30,7 @@
  *     where the call has no other slots (direct), the output and lse themselves.
  *
  * tab (int32, map(to:)): nseq sequences {first row, new tokens, pofs}, ntiles query tiles
- * {first row, rows, sequence}, P / 32 staging tiles {first row, tokens}.  docs/PERF.md has the
+ * {first row, rows, sequence}, P / 32 staging tiles {first row, tokens}.  docs/PERFORMANCE.md has the
  * measurements. */
 #include "config.h"
 

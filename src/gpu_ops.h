@@ -276,7 +276,7 @@ static inline void wsum_all(float *v, int n, int lane) {
 /* Block blk of a grid of np (row, head) pairs times nf splits, and a tail block per pair in
  * fused calls: the split blocks of every pair first, then the tail blocks.  Where the grid is a
  * little over a whole number of waves, the blocks left for the last wave are then the short
- * tail blocks (H200: (8, 4k) 66.9 -> 51.0 us, docs/PERF.md, round 10). */
+ * tail blocks (H200: (8, 4k) 66.9 -> 51.0 us, docs/PERFORMANCE.md, round 10). */
 static inline void fk_block_of(int blk, int np, int nf, int *sf, int *pair) {
   const int nbig = np * nf;
   *sf = blk < nbig ? blk % nf : nf;

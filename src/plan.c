@@ -92,13 +92,13 @@ att_plan kivi_plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int 
      * fewer than KIVI_FAST_SMS / 2 blocks would run.  Measured on an H200 against the plan before
      * (about 24 blocks per SM, splits down to 128 tokens): 4-29 % less time at 11 of the 12
      * decode-table shapes where they differ, 4.6 % more at MHA (1, 32768); fewer, longer splits pay
-     * each block's start and the combine less often (docs/PERF.md, round 34). Splits longer than
+     * each block's start and the combine less often (docs/PERFORMANCE.md, round 34). Splits longer than
      * `split` tokens (rows of more than KIVI_F16S_SPLITS x `split`) only where all the call's
      * blocks are resident at once (KIVI_F16S_WAVE) and make at least KIVI_F16S_FEW of them, halved
      * down to `split` while they make fewer: on the H200 that took 28/4 and 32/8 at (8, 32768) and
      * MHA at (1, 32768) from 1024- to 4096-token splits, 12-18 % less time; 32/8 at (1, 32768)
      * keeps 1024 (4096 tokens: 64 blocks, 2.4x the time), MHA at (8, 32768) too (4096 tokens would
-     * make 2048 blocks; docs/PERF.md, round 38). Where the (row, chunk) pairs alone make
+     * make 2048 blocks; docs/PERFORMANCE.md, round 38). Where the (row, chunk) pairs alone make
      * KIVI_F16S_FEW blocks and the rows are longer than KIVI_F16S_ONE tokens, the plan aims at one
      * split per row (kept where its blocks are all resident at once, as above): with the split
      * forced, 32/8 (32, 4096) took 12 % less time on an H200 and 8 % less on an H100 with 4096

@@ -2,7 +2,7 @@
  * constant and eligibility rule they depend on.  kivi_plan_call is the one function that picks
  * the kernels of a call (attention.c runs what it returns); the kivi_gpu_*_eligible functions
  * answer whether a cache's geometry has a GPU kernel at all.  Figures in the comments are the
- * measurements that chose each constant (docs/PERF.md). */
+ * measurements that chose each constant (docs/PERFORMANCE.md). */
 #ifndef KIVI_PLAN_H
 #define KIVI_PLAN_H
 
@@ -84,14 +84,14 @@ static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh
  * own 16-token units through a cp.async ring with an online softmax, no block barrier.  (Its
  * two-phase predecessor, a build option for comparison since round 27, is gone: the streamed
  * kernel took 5-34 % less time at every GQA shape measured and 4-7 % less at four of the five
- * MHA shapes, 3 % more at (1, 4096); docs/PERF.md, rounds 27 and 33.) */
+ * MHA shapes, 3 % more at (1, 4096); docs/PERFORMANCE.md, rounds 27 and 33.) */
 #define KIVI_F16_NH 8
 /* the longest split the plan makes unless its blocks are all resident at once (KIVI_F16S_WAVE) */
 #define KIVI_F16_SPLIT 1024
 /* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
  * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
  * for measurement: on an H100, 3-8 % less time at GQA batch 1, 2 % more at MHA (1, 4096)
- * (docs/PERF.md, round 45); to be measured with the vector combine before it becomes the default */
+ * (docs/PERFORMANCE.md, round 45); to be measured with the vector combine before it becomes the default */
 #ifndef KIVI_F16S_NW
 #define KIVI_F16S_NW 2
 #endif

@@ -3,7 +3,7 @@
  *
  * Why: LLVM 19's offload runtime synchronizes every target region with the host (~20-30 us a
  * region on the H200), and starts an enqueued (`nowait`) region that depends on another only
- * after that one has finished, from a host helper thread (~20-38 us each; docs/PERF.md, round
+ * after that one has finished, from a host helper thread (~20-38 us each; docs/PERFORMANCE.md, round
  * 16).  A model's chained decode step is 2 such regions a layer.  A CUDA launch on a stream
  * costs ~3 us of host time and no wait.
  *
@@ -265,7 +265,7 @@ static CUfunction kernel_of(kivi_module *m, void *region) {
 /* ---- a cache's stream ---- */
 
 /* Pinned host ring and device ring for map(to:) sections.  (Kernels reading small sections in
- * place from mapped pinned memory were slower: docs/PERF.md, round 17.) */
+ * place from mapped pinned memory were slower: docs/PERFORMANCE.md, round 17.) */
 #define RING_BYTES ((size_t)8 << 20)
 enum { MAX_ARGS = 64 };
 
