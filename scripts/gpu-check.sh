@@ -32,8 +32,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv,n
 pass=0; fail=0
 for t in examples/kivi_hello tests/test_version tests/test_context tests/test_half tests/test_layout \
          tests/test_cache tests/test_conformance tests/test_attention tests/test_checkpoint tests/test_threads tests/test_gguf \
-         tests/test_async tests/test_contract tests/test_rotate tests/test_model_dev tests/test_layers.sh tests/test_multi_device.sh tests/test_model_run.sh \
-         tests/test_tools.sh tests/test_fortran.sh; do
+         tests/test_async tests/test_contract tests/test_rotate tests/test_model_dev tests/examples/test_layers.sh tests/examples/test_multi_device.sh tests/model/test_model_run.sh \
+         tests/pkg/test_tools.sh tests/pkg/test_fortran.sh; do
   echo "=== $t"
   case $t in *.sh) cmd="sh $t" ;; *) cmd="$b/$t" ;; esac
   timeout 900 $cmd > "$out/$(basename $t).log" 2>&1; rc=$?

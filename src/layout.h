@@ -1,6 +1,6 @@
 /* The packed cache format, defined once.  Everything that computes an address in the cache
  * includes this header; docs/FORMAT.md describes the same layout for users and
- * tests/test_layout.c freezes it with golden vectors.
+ * tests/lib/test_layout.c freezes it with golden vectors.
  *
  * Pool: n_blocks blocks.  A block holds R consecutive token positions of one sequence on one
  * layer, for all kv-heads: H sub-blocks, one per kv-head, each laid out as
