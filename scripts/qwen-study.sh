@@ -7,7 +7,7 @@
 # only), LENGTHS (passkey lengths, 1024,2048,4096,8192; empty: none), TRIALS (1), SETTINGS
 # (the names below to run, default all).  One JSON per run in OUT_DIR, one log each.
 # On a 2-core host without a GPU a window of 1,024 tokens takes 80-190 s per cache, a passkey
-# of 8,192 tokens about 15-20 minutes.
+# of 8,192 tokens 28-39 minutes (measured with other work on the host).
 set -eu
 run=$1/examples/llm/kivi-run
 out=$2
