@@ -1,7 +1,6 @@
-/* GPU kernels of the attention calls besides the GQA decode kernel (decode_gqa.c) and the new
- * tokens' kernel (extend_gpu.c): the fp16 cache's decode kernel (attention_f16s.inc), the sink
- * tokens' partials (sink_block) and the rotation of head vectors (rotate_block), each launched
- * from a function below.  Which of them a call runs is plan.c's choice. */
+/* GPU kernels of the attention calls besides the decode kernels (decode_gqa.c, decode_f16.c) and
+ * the new tokens' kernel (extend_gpu.c): the sink tokens' partials (sink_block) and the rotation
+ * of head vectors (rotate_block), each launched from a function below.  Which of them a call runs is plan.c's choice. */
 #include "config.h"
 
 #include "internal.h"
@@ -165,26 +164,6 @@ static inline __attribute__((always_inline)) void rotate_block(const rot_args *a
   }                                                                                                                   \
   KIVI_REGION_END
 
-void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
-                         int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
-                         unsigned *cnt, void *out, int out_f16, int async, int lane) {
-  const unsigned char *pool = c->pool;
-  const int32_t *bt = c->bt;
-  const uint16_t *kres = c->kres, *vres = c->vres;
-  const int H = c->cfg.n_kv_heads, NL = c->cfg.n_layers, MB = c->max_blocks, R = c->cfg.residual;
-  const int gsz = HQ / H, nqc = kivi_head_chunks(gsz, KIVI_F16_NH);
-  const int Rm = R - 1, lr = kivi_log2up(R);
-  const uint32_t bsz = (uint32_t)c->lay.block_bytes; /* kivi_gpu_f16_eligible */
-  const size_t sub = c->lay.sub_bytes;
-  const unsigned vcode_off = (unsigned)c->lay.vcode_off;
-  const int dev = c->ctx->device;
-  const int nblk = rows * H * nqc * nf;
-  if (nblk <= 0) return;
-#define KIVI_REGION_FILE "attention_f16s.inc"
-#include "region_d.inc"
-#undef KIVI_REGION_FILE
-}
-
 int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int64_t *sd, int64_t ndd, int col_seq,
                            int col_ns, const float *q, float qmul, float *part_o, float *part_ml, int64_t nslots,
                            int async, int lane) {
@@ -221,11 +200,5 @@ int kivi_gpu_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void 
                          int rotate, int async, int lane) {
   (void)c; (void)src; (void)src_t; (void)dst; (void)dst_t; (void)nvec; (void)rotate; (void)async; (void)lane;
   return -1;
-}
-void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
-                         int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,
-                         unsigned *cnt, void *out, int out_f16, int async, int lane) {
-  (void)c; (void)layer; (void)rows; (void)HQ; (void)dd; (void)ndd; (void)col_seq; (void)col_lc; (void)fs; (void)nf;
-  (void)q; (void)qmul; (void)part_o; (void)part_ml; (void)cnt; (void)out; (void)out_f16; (void)async; (void)lane;
 }
 #endif
