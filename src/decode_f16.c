@@ -1,14 +1,15 @@
-/* The fp16 cache's streamed decode kernel (kivi_gpu_f16_decode), for every layout: keys and
- * values unquantized (16 bits), head_dim D (128 or 64).  One block per (row, kv-head, chunk of up to 8 query heads, split of fs tokens:
- * plan.c), the split's K and V rows read once for the chunk's heads.  Inside the block, each of
- * its F16S_NW warps streams its own 16-token units (unit u of the split: warp u % F16S_NW) through
- * a ring of 2 stages in shared memory, filled with cp.async one unit ahead of the one computed,
- * and keeps an online softmax, so that no block-wide barrier stands between the loads (round 24 of
- * docs/PERFORMANCE.md: the two-phase kernel idles its loads at its barriers).  Inputs: f16_args.
+/* The fp16 cache's streamed decode kernel (kivi_gpu_f16_decode), for every layout: keys and values
+ * unquantized (16 bits), head_dim D (128 or 64).  One block per (row, kv-head, chunk of up to 8
+ * query heads, split of fs tokens: plan.c), the split's K and V rows read once for the chunk's
+ * heads.  Inside the block, each of its F16S_NW warps streams its own 16-token units (unit u of
+ * the split: warp u % F16S_NW) through a ring of 2 stages in shared memory, filled with cp.async
+ * one unit ahead of the one computed, and keeps an online softmax, so that no block-wide barrier
+ * stands between the loads (round 24 of docs/PERFORMANCE.md: the two-phase kernel idles its loads
+ * at its barriers).  Inputs: f16_args.
  *
  * The heads are the rows of the MMAs (m16n8k16, fp32 accumulators): row g < 8 is head g's hi
- * part, row g + 8 its lo part (q 2^-e and p as two f16 parts, 22 bits),
- * so that one MMA takes every head of the chunk and both parts, and lane (g, t) holds head g:
+ * part, row g + 8 its lo part (q 2^-e and p as two f16 parts, 22 bits), so that one MMA takes
+ * every head of the chunk and both parts, and lane (g, t) holds head g:
  *
  *  - K: logits^T = Q K^T, A = q (head rows x 16 channels, in registers for the whole split), B =
  *    16 channels x 8 tokens of K from shared memory with ldmatrix (rows = tokens, 16-byte chunks
@@ -42,9 +43,11 @@
  * the warp's 8 x D outputs, the flag in the rings' last word. */
 #define F16S_ALIAS(D) (16 * F16S_NW * F16S_UW(D) + 64 * F16S_NW + 4 > 48 * 1024)
 _Static_assert(F16S_NW >= 2 && 16 * F16S_NW * F16S_UW(128) <= 48 * 1024, "the rings fit the static shared memory");
-_Static_assert(8 * 128 + 16 <= 4 * F16S_UW(128) && 8 * 64 + 16 <= 4 * F16S_UW(64), "a warp's outputs, m and l fit its ring");
+_Static_assert(8 * 128 + 16 <= 4 * F16S_UW(128) && 8 * 64 + 16 <= 4 * F16S_UW(64),
+               "a warp's outputs, m and l fit its ring");
 _Static_assert(F16S_NT >= 64, "the combine's weights: 8 lanes for each of 8 heads");
-_Static_assert(8 * F16S_CSLOTS + 8 < F16S_NW * 2 * 2 * F16S_UW(64), "the combine's weights fit over the rings, before the flag");
+_Static_assert(8 * F16S_CSLOTS + 8 < F16S_NW * 2 * 2 * F16S_UW(64),
+               "the combine's weights fit over the rings, before the flag");
 
 /* What a block needs: the cache, the call, the launch's geometry. */
 typedef struct f16_args {
@@ -357,8 +360,9 @@ do {                                                                            
 /* The region of one head_dim, with the clauses of its run mode after the others. */
 #define F16_REGION(DD, ...)                                                                                           \
   KIVI_BARE(nblk, F16S_NT, device(dev) is_device_ptr(pool, bt, q, part_o, part_ml, kres, vres, cnt, out)              \
-                map(to : dd[0:ndd]) firstprivate(layer, rows, HQ, col_seq, col_lc, fs, nf, nqc, gsz, out_f16, qmul, H, NL, \
-                                                 MB, Rm, lr, sub, bsz, vcode_off) __VA_ARGS__) {                    \
+                map(to : dd[0:ndd])                                                                                   \
+                firstprivate(layer, rows, HQ, col_seq, col_lc, fs, nf, nqc, gsz, out_f16, qmul, H, NL, MB, Rm, lr,    \
+                             sub, bsz, vcode_off) __VA_ARGS__) {                                                      \
     static uint32_t s_ring[F16S_NW][2][2 * F16S_UW(DD)] __attribute__((aligned(16)));                                 \
     static float s_ml[F16S_NW][8][2];                                                                                 \
     static int s_last[1];                                                                                             \
@@ -366,10 +370,10 @@ do {                                                                            
     const f16_args a_ = {.nf = nf, .nqc = nqc, .H = H, .gsz = gsz, .dd = dd, .col_seq = col_seq, .rows = rows,        \
                          .col_lc = col_lc, .fs = fs, .Rm = Rm, .HQ = HQ, .part_ml = part_ml, .bt = bt, .NL = NL,      \
                          .layer = layer, .MB = MB, .pool = pool, .sub = sub, .kres = kres, .vres = vres, .q = q,      \
-                         .qmul = qmul, .bsz = bsz, .vcode_off = vcode_off, .lr = lr, .out = out, .out_f16 =           \
-                         out_f16, .part_o = part_o, .cnt = cnt};                                                      \
+                         .qmul = qmul, .bsz = bsz, .vcode_off = vcode_off, .lr = lr, .out = out,                      \
+                         .out_f16 = out_f16, .part_o = part_o, .cnt = cnt};                                           \
     /* (in the order of the fields' first use in the kernel: the order of the kernel's parameters) */                \
-    f16_block(&a_, DD, s_ring, s_ml, s_last);                                                                              \
+    f16_block(&a_, DD, s_ring, s_ml, s_last);                                                                         \
   }                                                                                                                   \
   KIVI_REGION_END
 

@@ -258,7 +258,7 @@ void kivi_gpu_gqa_decode(kivi_cache *c, int layer, int rows, int HQ, const int64
                          int col_beg, int col_lc, int fs, int nf, int ntail, int nslots, const float *q, float qmul,
                          float *part_o, float *part_ml, unsigned *cnt, void *out, int out_f16, int async, int lane);
 
-/* GPU fp16-cache path (attention_gpu.c, attention_f16s.inc): a decode call on a
+/* GPU fp16-cache path (decode_f16.c): a decode call on a
  * cache of 16-bit keys and values in one launch, its plan in plan.c */
 void kivi_gpu_f16_decode(kivi_cache *c, int layer, int rows, int HQ, const int64_t *dd, int64_t ndd, int col_seq,
                          int col_lc, int fs, int nf, const float *q, float qmul, float *part_o, float *part_ml,

@@ -35,7 +35,7 @@ typedef struct att_plan {
   int fused;                         /* decode on the fast path: one launch does all (nsplit = 0) */
   int gqa;                           /* the fast path's kernel is the GQA kernel (decode_gqa.c) */
   int ntail;                         /* its tail blocks per (row, kv-head, chunk) in a decode call */
-  int f16;                           /* the fp16 cache's kernel (attention_f16s.inc; fused, nf splits) */
+  int f16;                           /* the fp16 cache's kernel (decode_f16.c; fused, nf splits) */
   int newk;                          /* extend: the new tokens on the GPU (extend_gpu.c), slot nslots - 1 - sink */
   int sink;                          /* the sink tokens' partials (attention.c, attention_gpu.c), slot nslots - 1 */
   int new_seqs, new_tiles;           /* its sequences and tiles of query rows */
@@ -76,7 +76,7 @@ static inline int kivi_gpu_gqa_tails(int R) { return (R + 31 + KIVI_GQA_TAIL - 1
  * kernels take a block per chunk; the last one may hold fewer heads). */
 static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh; }
 
-/* ---- the fp16 cache's kernel (attention_f16s.inc) */
+/* ---- the fp16 cache's kernel (decode_f16.c) */
 /* A decode call on a cache of 16-bit keys and values, head_dim 64 or 128, R a power of two >= 32,
  * in one launch: a block per (row, kv-head, chunk of up to KIVI_F16_NH query heads, split of fs
  * tokens), nf splits per row, partials in slots 0 .. nf-1 and the combine by the last block of
@@ -88,7 +88,7 @@ static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh
 #define KIVI_F16_NH 8
 /* the longest split the plan makes unless its blocks are all resident at once (KIVI_F16S_WAVE) */
 #define KIVI_F16_SPLIT 1024
-/* the streamed kernel's warps per block (attention_f16s.inc): 2, or 3 with the same 12 warps per SM
+/* the streamed kernel's warps per block (decode_f16.c): 2, or 3 with the same 12 warps per SM
  * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
  * for measurement: on an H100, 3-8 % less time at GQA batch 1, 2 % more at MHA (1, 4096)
  * (docs/PERFORMANCE.md, round 45); to be measured with the vector combine before it becomes the default */
