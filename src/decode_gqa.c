@@ -117,6 +117,8 @@ static inline uint32_t gq_field(uint32_t w, int p, const int KB) {
   const uint32_t FM = KB == 2 ? 0x00030003u : 0x000f000fu;
   return (p < PD ? w : w >> SH) & (FM << (KB * (p < PD ? p : p - PD)));
 }
+/* The channel of the zeros' k-tile kt, less the lane's first (CPW t): that of q's qv[4 kt] (gq_split) */
+static inline int gq_zch(int kt, const int KB) { return (32 / KB) * 4 * (4 * kt / (32 / KB)) + 4 * kt % (32 / KB); }
 static inline int gq_pos(int p, const int KB) { return KB * (p < (KB == 2 ? 5 : 2) ? p : p - (KB == 2 ? 5 : 2)); }
 
 /* The copies of a group (its first row tr in the pool block at sb) into the stage at shared
@@ -381,14 +383,15 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       }
       s_qa[kt * 32 + lane] = (fk_v4u){qh[0], ql[0], qh[1], ql[1]};
     }
-    /* the zeros' A: k-tile kt takes channels t D / 4 + 4 kt .. + 3 (the lane's zero words 2 kt, 2 kt + 1) */
+    /* the zeros' A: k-tile kt takes the lane's own q, qv[4 kt .. 4 kt + 3]: channels CPW t + gq_zch(kt) .. + 3,
+     * whose zeros the lane reads in the loop (no second load of q: round 48) */
     if (wid == 0) {
       const float fb = fk_p2(-SKb);
       #pragma unroll
       for (int kt = 0; kt < KT; ++kt) {
         float z4[4];
         #pragma unroll
-        for (int e = 0; e < 4; ++e) z4[e] = hv ? qg[g * D + t * (D / 4) + 4 * kt + e] * a->qmul * fb : 0.0f;
+        for (int e = 0; e < 4; ++e) z4[e] = qv[4 * kt + e] * fb;
         uint32_t h0, l0, h1, l1;
         fk_hilo(z4[0], z4[1], &h0, &l0);
         fk_hilo(z4[2], z4[3], &h1, &l1);
@@ -418,7 +421,7 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       /* the lane's address parts again from an opaque lane: a few instructions a round instead of
        * registers held through the loop (it keeps the kernel at 4 blocks per SM) */
       const int ln = (int)fk_opaque((uint32_t)lane), lt = ln & 3, lg = ln >> 2;
-      const uint32_t o_sw = OKS + 4 * NPW * lt, o_zw = OKS + 2 * D + lt * (D / 2), o_vs = OVS + 8 * VG * lt;
+      const uint32_t o_sw = OKS + 4 * NPW * lt, o_zw = OKS + 2 * D + 2 * CPW * lt, o_vs = OVS + 8 * VG * lt;
       const uint32_t o_vz = OVS + 4 * (2 * VG * lt + (lg < VG ? lg : 0));
       const int vsw = 2 * lt * NCV / 8 % NCV, vwq = VB == 2 ? lg >> 2 : lg >> 1;
       uint32_t o_vc[4];
@@ -464,7 +467,7 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       #pragma unroll
       for (int kt = 0; kt < KT; ++kt) { /* the zeros' term */
         const fk_v4u qb = *(const fk_v4u *)(pqb + 512 * kt);
-        const fk_v2u z2 = *(const fk_v2u *)(pzw + 8 * kt);
+        const fk_v2u z2 = *(const fk_v2u *)(pzw + 2 * gq_zch(kt, KB));
         mma16816(db, qb.x, qb.y, qb.z, qb.w, z2.x, z2.y);
       }
       const float bs = (db[0] + db[2]) * scB;
