@@ -1,16 +1,16 @@
 /* GPU fast path of a larger append's quantization: kernels 2a (keys, ak_block) and 2b (values,
- * av_block) of cache_append.inc as CUDA-like `ompx_bare` kernels, for 2- or 4-bit tensors with head_dim 128
- * and G = 32 read from fp16 rows (a direct fp16 input in device memory, or the stage).  They
- * compute exactly what the portable items of kernels_quant.h compute (the same group
- * statistics, scales, zeros, codes, non-finite marks and V exponent bounds; the GPU suite
+ * av_block) of cache_append.inc as CUDA-like `ompx_bare` kernels, for 2- or 4-bit tensors with
+ * head_dim 128 and G = 32 read from fp16 rows (a direct fp16 input in device memory, or the
+ * stage).  They compute exactly what the portable items of kernels_quant.h compute (the same
+ * group statistics, scales, zeros, codes, non-finite marks and V exponent bounds; the GPU suite
  * compares the bytes with a host-made cache), with the work laid out for the GPU:
  *
- *  - keys: a warp per (completed block, kv-head, token group), lane = 4
- *    channels: one 8-byte load per token (a warp reads the token's 256-byte row), the group's
- *    32 tokens held in registers between the statistics and the codes;
- *  - values: a thread per (token, kv-head, 32-channel group): four 16-byte
- *    loads; a warp is 8 consecutive tokens of one kv-head, the next warps the same tokens of the
- *    next kv-heads (so the warps in flight read a contiguous range of the input);
+ *  - keys: a warp per (completed block, kv-head, token group), lane = 4 channels: one 8-byte
+ *    load per token (a warp reads the token's 256-byte row), the group's 32 tokens held in
+ *    registers between the statistics and the codes;
+ *  - values: a thread per (token, kv-head, 32-channel group): four 16-byte loads; a warp is 8
+ *    consecutive tokens of one kv-head, the next warps the same tokens of the next kv-heads (so
+ *    the warps in flight read a contiguous range of the input);
  *  - the statistics as packed fp16 pairs (`min.NaN` / `max.NaN.f16x2`: one instruction per two
  *    values; a NaN or an infinity in the input reaches the minimum or the maximum, which is the
  *    non-finite check);
@@ -220,18 +220,18 @@ static inline __attribute__((always_inline)) void ak_block(const ak_args *a, con
     uint32_t fix = 0; /* tokens with a code the division decides */
     /* the 32 tokens' codes, with (x - zero) rs as one fma where every lane's 4 groups allow it
      * (warp-uniform), else as kivi_quant_code_mul */
-#define QK_CODES(CODE_J)                                                                         \
-_Pragma("unroll") for (int t = 0; t < 32; ++t) {                                               \
-  uint32_t wq = 0;                                                                             \
-  float dv = 0.0f;                                                                             \
-  _Pragma("unroll") for (int j = 0; j < 4; ++j) {                                              \
-    const uint32_t x = j < 2 ? xa[t] : xb[t];                                                  \
-    const float f = j & 1 ? kivi_f16x2_hi(x) : kivi_f16x2_lo(x);                               \
-    wq |= CODE_J << (KB * j);                                                                 \
-  }                                                                                            \
-  fix |= (uint32_t)(dv > KIVI_QUANT_NEAR) << t;                                                \
-  kivi_k4_store(codes + (size_t)t * (QD * KB / 8), wq, KB);                                  \
-}
+#define QK_CODES(CODE_J)                                           \
+  _Pragma("unroll") for (int t = 0; t < 32; ++t) {                 \
+    uint32_t wq = 0;                                               \
+    float dv = 0.0f;                                               \
+    _Pragma("unroll") for (int j = 0; j < 4; ++j) {                \
+      const uint32_t x = j < 2 ? xa[t] : xb[t];                    \
+      const float f = j & 1 ? kivi_f16x2_hi(x) : kivi_f16x2_lo(x); \
+      wq |= CODE_J << (KB * j);                                    \
+    }                                                              \
+    fix |= (uint32_t)(dv > KIVI_QUANT_NEAR) << t;                  \
+    kivi_k4_store(codes + (size_t)t * (QD * KB / 8), wq, KB);      \
+  }
     if (qa_all(fma_ok)) {
       QK_CODES(kivi_quant_code_fma(f, rs[j], nzr[j], &dv))
     } else {
@@ -253,7 +253,8 @@ _Pragma("unroll") for (int t = 0; t < 32; ++t) {                                
 #pragma omp atomic write
       flag[0] = call_id;
     }
-  }}
+  }
+}
 
 /* Kernel 2b's block for KB-bit values (kivi_gpu_append_values).  Thread = (tile of QVT value
  * indices of the call, kv-head h (2^hb >= H slots: warps of h >= H idle), index in the tile, part
@@ -388,7 +389,8 @@ static inline __attribute__((always_inline)) void av_block(const av_args *a, con
       flag[0] = call_id;
     }
   }
-  qa_vexp_lane(vsc + 2 * ((size_t)si * H + h), e0, e1); /* nothing where h >= H: e0 = e1 = -14 */}
+  qa_vexp_lane(vsc + 2 * ((size_t)si * H + h), e0, e1); /* nothing where h >= H: e0 = e1 = -14 */
+}
 #pragma omp end declare target
 
 /* The regions of one bit width, with the clauses of their run mode after the others. */

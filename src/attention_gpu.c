@@ -1,6 +1,7 @@
 /* GPU kernels of the attention calls besides the decode kernels (decode_gqa.c, decode_f16.c) and
  * the new tokens' kernel (extend_gpu.c): the sink tokens' partials (sink_block) and the rotation
- * of head vectors (rotate_block), each launched from a function below.  Which of them a call runs is plan.c's choice. */
+ * of head vectors (rotate_block), each launched from a function below.  Which of them a call
+ * runs is plan.c's choice. */
 #include "config.h"
 
 #include "internal.h"

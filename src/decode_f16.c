@@ -149,32 +149,32 @@ static inline __attribute__((always_inline)) void f16_block(const f16_args *a, c
      * values all lie in the pool (most of them) takes one base address and constant offsets;
      * at 128 that path costs more registers than it saves (docs/PERFORMANCE.md, round 27; a copy of
      * such units in one statement, tried in round 41, was 0-7 % slower: round 45). */
-#define F16S_COPY(k, st, bte)                                                                          \
-do {                                                                                                 \
-  const int j0_ = 16 * (wid + F16S_NW * (k));                                                        \
-  const unsigned char *sb_ = hb + (uint64_t)(uint32_t)kivi_block_index(bte) * bsz;                   \
-  const uint32_t dk_ = sring + 4u * (st) * 2 * UW; /* shared address of the stage's keys */   \
-  if (DIRECT && j0_ + 16 <= n && t0 + j0_ + 16 <= Lv) { /* warp-uniform: 16 rows in the pool */ \
-    const unsigned char *kb_ = sb_ + 2u * D * (unsigned)((t0 + j0_) & Rm) + 16 * (lane % CH); \
-    _Pragma("unroll") for (int i_ = 0; i_ < 16 * CH / 32; ++i_) {                               \
-      const int row_ = (lane + 32 * i_) / CH;                                                   \
-      const unsigned at_ = (unsigned)row_ * RW + 4u * (unsigned)((lane % CH) ^ (row_ & 7)); \
-      fk_cp16s(dk_ + 4u * at_, kb_ + 2u * D * (unsigned)row_);                                       \
-      fk_cp16s(dk_ + 4u * (UW + at_), kb_ + vcode_off + 2u * D * (unsigned)row_);                 \
-    }                                                                                                \
-  } else                                                                                             \
-  _Pragma("unroll") for (int i_ = 0; i_ < 16 * CH / 32; ++i_) {                                 \
-    const int q_ = lane + 32 * i_, row_ = q_ / CH, ch_ = q_ % CH;                          \
-    const int tt_ = t0 + j0_ + (j0_ + row_ < n ? row_ : 0), tr_ = tt_ & Rm;                        \
-    const unsigned at_ = (unsigned)row_ * RW + 4u * (unsigned)(ch_ ^ (row_ & 7));               \
-    const unsigned char *ks_ = tt_ < Lk ? sb_ + 2u * D * (unsigned)tr_                         \
-                                        : (const unsigned char *)(kr + (size_t)tr_ * D);       \
-    const unsigned char *vs_ = tt_ < Lv ? sb_ + vcode_off + 2u * D * (unsigned)tr_             \
-                                        : (const unsigned char *)(vr + (size_t)tr_ * D);       \
-    fk_cp16s(dk_ + 4u * at_, ks_ + 16 * ch_);                                                              \
-    fk_cp16s(dk_ + 4u * (UW + at_), vs_ + 16 * ch_);                                                    \
-  }                                                                                                  \
-} while (0)
+#define F16S_COPY(k, st, bte)                                                                     \
+  do {                                                                                            \
+    const int j0_ = 16 * (wid + F16S_NW * (k));                                                   \
+    const unsigned char *sb_ = hb + (uint64_t)(uint32_t)kivi_block_index(bte) * bsz;              \
+    const uint32_t dk_ = sring + 4u * (st) * 2 * UW; /* shared address of the stage's keys */     \
+    if (DIRECT && j0_ + 16 <= n && t0 + j0_ + 16 <= Lv) { /* warp-uniform: 16 rows in the pool */ \
+      const unsigned char *kb_ = sb_ + 2u * D * (unsigned)((t0 + j0_) & Rm) + 16 * (lane % CH);   \
+      _Pragma("unroll") for (int i_ = 0; i_ < 16 * CH / 32; ++i_) {                               \
+        const int row_ = (lane + 32 * i_) / CH;                                                   \
+        const unsigned at_ = (unsigned)row_ * RW + 4u * (unsigned)((lane % CH) ^ (row_ & 7));     \
+        fk_cp16s(dk_ + 4u * at_, kb_ + 2u * D * (unsigned)row_);                                  \
+        fk_cp16s(dk_ + 4u * (UW + at_), kb_ + vcode_off + 2u * D * (unsigned)row_);               \
+      }                                                                                           \
+    } else                                                                                        \
+    _Pragma("unroll") for (int i_ = 0; i_ < 16 * CH / 32; ++i_) {                                 \
+      const int q_ = lane + 32 * i_, row_ = q_ / CH, ch_ = q_ % CH;                               \
+      const int tt_ = t0 + j0_ + (j0_ + row_ < n ? row_ : 0), tr_ = tt_ & Rm;                     \
+      const unsigned at_ = (unsigned)row_ * RW + 4u * (unsigned)(ch_ ^ (row_ & 7));               \
+      const unsigned char *ks_ = tt_ < Lk ? sb_ + 2u * D * (unsigned)tr_                          \
+                                          : (const unsigned char *)(kr + (size_t)tr_ * D);        \
+      const unsigned char *vs_ = tt_ < Lv ? sb_ + vcode_off + 2u * D * (unsigned)tr_              \
+                                          : (const unsigned char *)(vr + (size_t)tr_ * D);        \
+      fk_cp16s(dk_ + 4u * at_, ks_ + 16 * ch_);                                                   \
+      fk_cp16s(dk_ + 4u * (UW + at_), vs_ + 16 * ch_);                                            \
+    }                                                                                             \
+  } while (0)
     /* the block-table entry of unit k's tokens (any entry past the row's blocks: unused) */
 #define F16S_BTE(k) btrow[(t0 + 16 * (wid + F16S_NW * (k))) >> lr]
     if (nk > 0) F16S_COPY(0, 0, F16S_BTE(0));
