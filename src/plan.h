@@ -88,13 +88,10 @@ static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh
 #define KIVI_F16_NH 8
 /* the longest split the plan makes unless its blocks are all resident at once (KIVI_F16S_WAVE) */
 #define KIVI_F16_SPLIT 1024
-/* the streamed kernel's warps per block (decode_f16.c): 2, or 3 with the same 12 warps per SM
- * at head_dim 128 (4 blocks of 48 KB of rings and 168 registers instead of 6 of 32 KB), a build
- * for measurement: on an H100, 3-8 % less time at GQA batch 1, 2 % more at MHA (1, 4096)
- * (docs/PERFORMANCE.md, round 45); to be measured with the vector combine before it becomes the default */
-#ifndef KIVI_F16S_NW
+/* the streamed kernel's warps per block (decode_f16.c): 2.  Blocks of 3 (4 of 48 KB of rings per SM)
+ * took 3 % less time at GQA batch 1 and 3 % more at MHA batch 1 on an H100 (docs/PERFORMANCE.md,
+ * round 50): no clear gain, so no build option either */
 #define KIVI_F16S_NW 2
-#endif
 /* the streamed kernel's plan (kivi_plan_call) */
 #define KIVI_F16S_BLOCKS (24 * KIVI_FAST_SMS)
 #define KIVI_F16S_SPLITS 8 /* splits of the longest row the plan aims at, at most */
