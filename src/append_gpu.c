@@ -91,12 +91,6 @@ static inline void qa_vexp_lane(int32_t *vb, int e0, int e1) {
 }
 #pragma omp end declare target
 
-int kivi_gpu_append_eligible(const kivi_cache *c, int bits, int bf) {
-  const kivi_cache_config *f = &c->cfg;
-  const int R = f->residual;
-  return c->ctx->on_gpu && !bf && (bits == 2 || bits == 4) && f->head_dim == QD && f->group == 32 && (R & (R - 1)) == 0;
-}
-
 /* What kernel 2a's and 2b's blocks need (their host functions' locals; the regions list them in
  * the order of their first use in the block, which is the order of the kernel's parameters) */
 typedef struct ak_args {
@@ -455,11 +449,7 @@ int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, i
   return 0;
 }
 
-#else /* no offload: never eligible */
-int kivi_gpu_append_eligible(const kivi_cache *c, int bits, int bf) {
-  (void)c; (void)bits; (void)bf;
-  return 0;
-}
+#else /* no offload: never called (plan.c: never eligible) */
 int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nkb, const uint16_t *src,
                           int64_t *flag, int64_t call_id, int async, int lane) {
   (void)c; (void)layer; (void)dd; (void)n; (void)nkb; (void)src; (void)flag; (void)call_id; (void)async; (void)lane;

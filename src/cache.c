@@ -20,6 +20,7 @@
 #include "half.h"
 #include "internal.h"
 #include "kernels_quant.h"
+#include "plan.h" /* kivi_gpu_append_eligible */
 
 /* ---- configuration ---- */
 

@@ -290,10 +290,9 @@ int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int
  * stored length L, new tokens, first stage row, completed blocks before it (prefix), values
  * leaving the window before it (prefix), first position of its values leaving the window. */
 enum { D_SEQ, D_L, D_N, D_STAGE, D_KBPRE, D_VQPRE, D_VQBEG, D_NCOLS };
-/* GPU fast path of kernels 2a and 2b of a larger append (append_gpu.c): 2- or 4-bit, head_dim
- * 128, G = 32, R a power of two, fp16 rows (bf: the input is bf16, not eligible).  The launches
- * return 0, or -1 where they launched nothing (the portable kernels run instead). */
-int kivi_gpu_append_eligible(const kivi_cache *c, int bits, int bf);
+/* GPU fast path of kernels 2a and 2b of a larger append (append_gpu.c; eligibility: plan.h,
+ * kivi_gpu_append_eligible).  The launches return 0, or -1 where they launched nothing (the
+ * portable kernels run instead). */
 int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nkb, const uint16_t *src,
                           int64_t *flag, int64_t call_id, int async, int lane);
 int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nvq, const uint16_t *src,

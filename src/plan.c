@@ -1,4 +1,4 @@
-/* The plan of an attention call (plan.h): the GPU kernels' eligibility and kivi_plan_call. */
+/* The plan of an attention call (plan.h): the GPU kernels' eligibility (also the append's) and kivi_plan_call. */
 #include "config.h"
 
 #include <omp.h>
@@ -30,6 +30,11 @@ int kivi_gpu_f16_eligible(const kivi_cache *c) {
 int kivi_gpu_extend_eligible(const kivi_cache *c) {
   return c->ctx->on_gpu && c->cfg.attention == KIVI_ATTENTION_FAST && (c->cfg.head_dim == 64 || c->cfg.head_dim == 128);
 }
+int kivi_gpu_append_eligible(const kivi_cache *c, int bits, int bf) {
+  const kivi_cache_config *f = &c->cfg;
+  const int R = f->residual;
+  return c->ctx->on_gpu && !bf && (bits == 2 || bits == 4) && f->head_dim == 128 && f->group == 32 && (R & (R - 1)) == 0;
+}
 #else /* no offload: no GPU kernel */
 int kivi_gpu_fast_eligible(const kivi_cache *c) {
   (void)c;
@@ -46,6 +51,12 @@ int kivi_gpu_f16_eligible(const kivi_cache *c) {
 }
 int kivi_gpu_extend_eligible(const kivi_cache *c) {
   (void)c;
+  return 0;
+}
+int kivi_gpu_append_eligible(const kivi_cache *c, int bits, int bf) {
+  (void)c;
+  (void)bits;
+  (void)bf;
   return 0;
 }
 #endif
