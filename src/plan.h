@@ -53,8 +53,9 @@ int kivi_gpu_gqa_eligible(const kivi_cache *c, int HQ);
 int kivi_gpu_f16_eligible(const kivi_cache *c);
 /* head_dim 64 or 128: an extend call's new tokens on the tensor cores (extend_gpu.c) */
 int kivi_gpu_extend_eligible(const kivi_cache *c);
-/* The GPU fast path of kernels 2a and 2b of a larger append (append_gpu.c): 2- or 4-bit, head_dim
- * 128, G = 32, R a power of two, fp16 rows (bf: the input is bf16, not eligible) */
+/* The GPU fast path of kernels 2a and 2b of a larger append (append_gpu.c), not bound by the
+ * decode kernels' rule above (no KIVI_ATTENTION_FAST, no R >= 32): a GPU context, 2- or 4-bit,
+ * head_dim 128, G = 32, R a power of two, fp16 rows (bf: the input is bf16, not eligible) */
 int kivi_gpu_append_eligible(const kivi_cache *c, int bits, int bf);
 
 /* ---- the GQA kernel (decode_gqa.c) */
