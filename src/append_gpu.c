@@ -80,15 +80,6 @@ static inline kivi_u32x2 qa_ld8(const uint16_t *p) { return *(const kivi_u32x2 *
 static inline kivi_u32x4 qa_ld16(const uint16_t *p) { return *(const kivi_u32x4 *)p; }
 static inline int qa_all(int p) { return p; }
 #endif
-/* Raises the V exponent bounds vb[0..1] (global memory) to e0, e1: nothing is read for two
- * bounds of -14 (none), and an atomic only where a bound read first is lower (bounds only rise;
- * a stale read costs an atomic, never a missed raise).  Each lane its own token's sequence. */
-static inline void qa_vexp_lane(int32_t *vb, int e0, int e1) {
-  if (e0 <= -14 && e1 <= -14) return;
-  const volatile int32_t *cur = vb;
-  int e[2] = {e0 > cur[0] ? e0 : -14, e1 > cur[1] ? e1 : -14};
-  kivi_vexp_raise(vb, e);
-}
 #pragma omp end declare target
 
 /* What kernel 2a's and 2b's blocks need (their host functions' locals; the regions list them in
@@ -98,6 +89,7 @@ typedef struct ak_args {
   const int32_t *bt;
   const uint16_t *kres, *src;
   const int64_t *dd;
+  int32_t *vsc;
   int64_t *flag;
   int layer, n;
   unsigned nw;
@@ -209,6 +201,9 @@ static inline __attribute__((always_inline)) void ak_block(const ak_args *a, con
     pz.w[1] = (uint32_t)hz[2] | (uint32_t)hz[3] << 16;
     *(kivi_u32x2 *)sc = ps;
     *(kivi_u32x2 *)(sc + QD) = pz;
+    int ke[3] = {-14, -14, -14}; /* the K exponent bound of the call's sequence i, kv-head h */
+    kivi_kexp_fold(&ke[2], hs, 4);
+    kivi_vexp_raise(a->vsc + ((size_t)i * H + h) * KIVI_XB, ke);
     /* kivi_kcodes_at: rows of QD * KB / 8 bytes, the lane's 4 codes at byte c0 * KB / 8 */
     unsigned char *codes = sb + (size_t)g * 32 * (QD * KB / 8) + c0 * KB / 8;
     uint32_t fix = 0; /* tokens with a code the division decides */
@@ -383,15 +378,16 @@ static inline __attribute__((always_inline)) void av_block(const av_args *a, con
       flag[0] = call_id;
     }
   }
-  qa_vexp_lane(vsc + 2 * ((size_t)si * H + h), e0, e1); /* nothing where h >= H: e0 = e1 = -14 */
+  kivi_vexp_raise(vsc + KIVI_XB * ((size_t)si * H + h), (const int[3]){e0, e1, -14}); /* none where h >= H */
 }
 #pragma omp end declare target
 
 /* The regions of one bit width, with the clauses of their run mode after the others. */
 #define AK_REGION(KBB, ...)                                                                                           \
-  KIVI_BARE(nblk, QNT, device(dev) is_device_ptr(pool, bt, kres, src, dd, flag)                                      \
+  KIVI_BARE(nblk, QNT, device(dev) is_device_ptr(pool, bt, kres, src, dd, vsc, flag)                                 \
                 firstprivate(layer, n, nw, H, hb, NL, MB, R, lr, lg, sub, ksz_off, call_id) __VA_ARGS__) {            \
     const ak_args a_ = {.lg = lg, .hb = hb, .nw = nw, .H = H, .flag = flag, .dd = dd, .n = n, .lr = lr, .R = R,       \
+                        .vsc = vsc,                                                                                   \
                         .pool = pool, .bt = bt, .NL = NL, .layer = layer, .MB = MB, .sub = sub, .kres = kres,         \
                         .src = src, .ksz_off = ksz_off, .call_id = call_id};                                          \
     ak_block(&a_, KBB);                                                                                               \
@@ -409,11 +405,12 @@ static inline __attribute__((always_inline)) void av_block(const av_args *a, con
   KIVI_REGION_END
 
 /* Kernel 2a: the nkb blocks the append completes (descriptor dd of n sequences, device copy),
- * keys from src ([token][H][128] fp16 from each sequence's stage row); a non-finite key sets
+ * keys from src ([token][H][128] fp16 from each sequence's stage row); raises the K bounds of vsc
+ * [sequence of the call][H][KIVI_XB] to the stored scales' exponent bound; a non-finite key sets
  * *flag to call_id.  Skipped if *flag is set.  async: enqueued on the lane's dependences.
  * Returns 0, or -1 (nothing launched) for a call too large for its 32-bit indices. */
 int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nkb, const uint16_t *src,
-                          int64_t *flag, int64_t call_id, int async, int lane) {
+                          int32_t *vsc, int64_t *flag, int64_t call_id, int async, int lane) {
   unsigned char *pool = c->pool;
   const int32_t *bt = c->bt;
   const uint16_t *kres = c->kres;
@@ -430,8 +427,8 @@ int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int
 }
 
 /* Kernel 2b: the nvq values that leave the windows, from src as kivi_gpu_append_keys; raises
- * the bounds vsc [sequence of the call][H][2] to the exponent bounds of the stored {scale,
- * zero} pairs. */
+ * the V bounds of vsc [sequence of the call][H][KIVI_XB] to the exponent bounds of the stored
+ * {scale, zero} pairs. */
 int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nvq, const uint16_t *src,
                             int32_t *vsc, int64_t *flag, int64_t call_id, int async, int lane) {
   unsigned char *pool = c->pool;
@@ -451,8 +448,9 @@ int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, i
 
 #else /* no offload: never called (plan.c: never eligible) */
 int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nkb, const uint16_t *src,
-                          int64_t *flag, int64_t call_id, int async, int lane) {
-  (void)c; (void)layer; (void)dd; (void)n; (void)nkb; (void)src; (void)flag; (void)call_id; (void)async; (void)lane;
+                          int32_t *vsc, int64_t *flag, int64_t call_id, int async, int lane) {
+  (void)c; (void)layer; (void)dd; (void)n; (void)nkb; (void)src; (void)vsc; (void)flag; (void)call_id; (void)async;
+  (void)lane;
   return -1;
 }
 int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nvq, const uint16_t *src,

@@ -126,11 +126,11 @@ void kivi_cache_destroy(kivi_cache *c) {
   free(c);
 }
 
-/* Sets the V exponent bounds of n sequences from seq0 on (all their layers) to -14, "none"
+/* Sets the exponent bounds of n sequences from seq0 on (all their layers) to -14, "none"
  * (2^-14 bounds fp16 subnormals).  KIVI_OK, KIVI_ERR_NOMEM or KIVI_ERR_DEVICE. */
 static kivi_status vexp_put_none(kivi_cache *c, int seq0, int n) {
   const int NL = c->cfg.n_layers, H = c->cfg.n_kv_heads;
-  const size_t nve = (size_t)n * NL * H * 2;
+  const size_t nve = (size_t)n * NL * H * KIVI_XB;
   int32_t *none = malloc(nve * sizeof *none);
   if (!none) return KIVI_ERR_NOMEM;
   for (size_t i = 0; i < nve; ++i) none[i] = -14;
@@ -165,16 +165,18 @@ kivi_status kivi_cache_create(kivi_context *ctx, const kivi_cache_config *cfg, k
   c->kres = kivi_dev_alloc(ctx, ring * 2);
   c->vres = kivi_dev_alloc(ctx, ring * 2);
   c->bt = kivi_dev_alloc(ctx, bt_n * 4);
-  c->vexp = kivi_dev_alloc(ctx, (size_t)S * NL * cfg->n_kv_heads * 2 * 4);
+  c->vexp = kivi_dev_alloc(ctx, (size_t)S * NL * cfg->n_kv_heads * KIVI_XB * 4);
   c->ns = cfg->k_bits == 16 && cfg->v_bits == 16 ? 0 : cfg->sinks;
   if (c->ns) {
     const size_t sink = (size_t)S * NL * cfg->n_kv_heads * c->ns * cfg->head_dim * 2;
     c->ksink = kivi_dev_alloc(ctx, sink);
     c->vsink = kivi_dev_alloc(ctx, sink);
   }
-  /* flags: [layer], then each lane's arrival counter, then each lane's V bounds of the
-   * one-kernel append ([seq of the call][H][2] int32 in KIVI_APPEND_FUSED_SEQS H values) */
-  const size_t nflag = (size_t)NL + KIVI_MAX_ASYNC_LANES * (1 + (size_t)KIVI_APPEND_FUSED_SEQS * cfg->n_kv_heads);
+  /* flags: [layer], then each lane's arrival counter, then each lane's exponent bounds of the
+   * one-kernel append ([seq of the call][H][KIVI_XB] int32 in KIVI_APPEND_FUSED_SEQS H KIVI_XB / 2
+   * values) */
+  const size_t nflag =
+      (size_t)NL + KIVI_MAX_ASYNC_LANES * (1 + (size_t)KIVI_APPEND_FUSED_SEQS * cfg->n_kv_heads * (KIVI_XB / 2));
   c->aflag = kivi_dev_alloc(ctx, nflag * sizeof *c->aflag);
   c->bt_host = malloc(bt_n * 4);
   c->len = calloc((size_t)S * NL, 4);
@@ -419,7 +421,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   unsigned char *img = malloc(head + raw);
   /* the V bounds of the four kernels ([H][2] int32) or the one-kernel append's commit marks
    * (one int32 per pair) */
-  const size_t nvx = ((size_t)n_seqs * H * 2 * 4 + 15) & ~(size_t)15;
+  const size_t nvx = ((size_t)n_seqs * H * KIVI_XB * 4 + 15) & ~(size_t)15;
   /* the one-kernel append (at most R tokens per sequence, a small call): it runs on its layer's
    * lane and needs a backup of the ring slots it writes (as large as the fp16 stage); a larger
    * append (a prefill, four kernels) runs off the lanes, ordered with all. */
@@ -747,7 +749,7 @@ kivi_status kivi_cache_export_seq(const kivi_cache *c, int seq, int layer, void 
 /* Replaces (seq, layer) with an exported state of length L (validated by the caller: the blob
  * has kivi_export_size(L) bytes, L <= max_seq_len, and floor(L/R) blocks are free once the
  * sequence's own blocks are returned).  Builds the blocks and rings on the host, uploads them
- * whole, then updates the tables and the V exponent bounds. */
+ * whole, then updates the tables and the exponent bounds. */
 kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const void *blob) {
   const kivi_layout *l = &c->lay;
   const int R = l->R, G = l->G, D = l->D, H = l->H, NL = c->cfg.n_layers;
@@ -759,23 +761,33 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   const int64_t Lq = kivi_qlen(c, L); /* the quantized stream */
   memset(im.blocks, 0, (size_t)(Lq / R + 1) * l->block_bytes);
   walk_export(c, L, &im, (unsigned char *)blob, 0);
-  /* exponent bounds of the sequence's V scales and zeros: [H][2], replacing its old ones */
-  int32_t *vexp_new = malloc((size_t)H * 2 * sizeof(int32_t));
+  /* exponent bounds of the sequence's V scales and zeros and K scales: [H][KIVI_XB], replacing
+   * its old ones */
+  int32_t *vexp_new = malloc((size_t)H * KIVI_XB * sizeof(int32_t));
   if (!vexp_new) {
     images_free(&im);
     return KIVI_ERR_NOMEM;
   }
   const int64_t Lv = Lq > R ? Lq - R : 0;
   for (int h = 0; h < H; ++h) {
-    vexp_new[2 * h] = vexp_new[2 * h + 1] = -14;
+    int32_t *xb = vexp_new + (size_t)h * KIVI_XB;
+    xb[0] = xb[1] = xb[2] = xb[3] = -14;
     for (int64_t p = 0; p < Lv && l->vb < 16; ++p) {
       const uint16_t *sz = kivi_vscales_at(im.blocks + (size_t)(p / R) * l->block_bytes + (size_t)h * l->sub_bytes, l,
                                            (int)(p % R));
       for (int g = 0; g < D / G; ++g)
         for (int e = 0; e < 2; ++e) {
           const int x = kivi_f16_exp_bound(sz[2 * g + e]);
-          if (x > vexp_new[2 * h + e]) vexp_new[2 * h + e] = x;
+          if (x > xb[e]) xb[e] = x;
         }
+    }
+    for (int64_t p = 0; p + G <= Lq - Lq % R && l->kb < 16; p += G) { /* the K scales of each group */
+      const uint16_t *sc = kivi_kscales_at(im.blocks + (size_t)(p / R) * l->block_bytes + (size_t)h * l->sub_bytes, l,
+                                           (int)(p % R / G), 0);
+      for (int ch = 0; ch < D; ++ch) {
+        const int x = kivi_f16_exp_bound(sc[ch]);
+        if (x > xb[2]) xb[2] = x;
+      }
     }
   }
   const kivi_context *ctx = c->ctx;
@@ -796,7 +808,7 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
   if (!err && nb) err = kivi_dev_put(ctx, c->bt + ((size_t)seq * NL + layer) * c->max_blocks, row, (size_t)nb * 4);
   if (!err) err = kivi_dev_put(ctx, c->kres + ring, im.kring, (size_t)H * R * D * 2);
   if (!err) err = kivi_dev_put(ctx, c->vres + ring, im.vring, (size_t)H * R * D * 2);
-  if (!err) err = kivi_dev_put(ctx, c->vexp + KIVI_VEXP_AT(seq, layer, NL, H), vexp_new, (size_t)H * 2 * 4);
+  if (!err) err = kivi_dev_put(ctx, c->vexp + KIVI_VEXP_AT(seq, layer, NL, H), vexp_new, (size_t)H * KIVI_XB * 4);
   const size_t sink = (size_t)H * c->ns * D * 2;
   if (!err && sink) err = kivi_dev_put(ctx, c->ksink + kivi_sink_at(c, seq, layer, 0), im.ksink, sink) ||
                           kivi_dev_put(ctx, c->vsink + kivi_sink_at(c, seq, layer, 0), im.vsink, sink);

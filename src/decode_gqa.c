@@ -301,11 +301,8 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
   float *const s_ML = (float *)(s_u + GQ_OFF_ML(D));       /* [8][4]: m, l */
   float *const s_wm = (float *)(s_u + GQ_OFF_WML(D));      /* [4][8][2]: each warp's m and l */
   float *const s_x = (float *)(s_u + GQ_OFF_X(D));         /* [4][8][D] */
-  /* the warps' largest scales before the loop (in warp 3's last stage, which no copy fills before it),
-   * the arrival's flag at the end (past the merge's arrays) */
-  int *const s_i = (int *)(s_u + (FNW * NS - 1) * ST);
   const int tid = ompx_thread_id_x(), lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
-  const fk_v2u ve = fk_v_bounds(a->vexp, s, a->layer, a->NL, a->H, kvh); /* no other load before it */
+  const fk_v4u ve = fk_v_bounds(a->vexp, s, a->layer, a->NL, a->H, kvh); /* no other load before it */
   const int Lf = (int)a->dd[(int64_t)a->col_beg * a->rows + r], Rm = a->Rm;
   int t0, n, ngm, nvq;
   fk_block_tokens(sf, a->nf, a->fs, Lf, a->dd + (int64_t)a->col_lc * a->rows + r, Rm, &t0, &n, &ngm, &nvq);
@@ -339,7 +336,7 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       }
       fk_cp_commit();
     }
-    /* ---- lane (g, t): head g's q (its loads in flight with the pass over the key scales below) at the channels of its key words 4 c + t, and at t D / 4 .. for the zeros' A */
+    /* ---- lane (g, t): head g's q at the channels of its key words 4 c + t (also the zeros' A: qv[4 kt ..]) */
     const int hv = g < nh;
     float qv[32], mq = 0.0f; /* D / 4 used */
     #pragma unroll
@@ -347,26 +344,11 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       qv[c] = hv ? qg[g * D + CPW * (4 * (c / CPW) + t) + c % CPW] * a->qmul : 0.0f;
       mq = fmaxf(mq, fabsf(qv[c]));
     }
-    /* ---- the largest K scale of the block's groups (scales are >= 0: their bits order as values) */
-    uint32_t sm2 = 0;
-    for (int it = tid; it < ngm * (D / 8); it += FNT) {
-      const int tg = t0 + 32 * (it / (D / 8));
-      const unsigned char *sb = fk_sub_at(hb, btrow, tg, a->lr, a->bsz);
-      const fk_v4u x = ld16((const uint32_t *)(sb + a->ksz_off + (size_t)((tg & Rm) >> 5) * 4 * D) + 4 * (it % (D / 8)));
-      sm2 = hmax2(sm2, hmax2(hmax2(x.x & 0x7fff7fffu, x.y & 0x7fff7fffu), hmax2(x.z & 0x7fff7fffu, x.w & 0x7fff7fffu)));
-    }
-    sm2 = wmaxu((sm2 & 0xffffu) > (sm2 >> 16) ? sm2 & 0xffffu : sm2 >> 16);
-    if (lane == 0) s_i[wid] = (int)sm2;
     mq = fmaxf(mq, shfx(mq, 1));
     mq = fmaxf(mq, shfx(mq, 2)); /* head g's largest |q| */
-    fk_sync();
-    const uint32_t smb = (uint32_t)(s_i[0] > s_i[1] ? s_i[0] : s_i[1]) > (uint32_t)(s_i[2] > s_i[3] ? s_i[2] : s_i[3])
-                             ? (uint32_t)(s_i[0] > s_i[1] ? s_i[0] : s_i[1])
-                             : (uint32_t)(s_i[2] > s_i[3] ? s_i[2] : s_i[3]);
-    float ms, ms_hi;
-    h2f(smb, &ms, &ms_hi);
-    (void)ms_hi;
-    const float mx = mq * ms;
+    /* 2^ve.z bounds every K scale of the sequence (kept by append and import, so no pass over
+     * the block's scales): A's 22 bits are relative to it */
+    const float mx = mq * fk_p2((int32_t)ve.z);
     int SK = mx > 0.0f ? fk_ceil_exp(mx) + 10 : 0; /* |A| < 2^14 */
     SK = SK < -96 ? -96 : SK > 120 ? 120 : SK;
     int SKb = mq > 0.0f ? fk_ceil_exp(mq) - 14 : 0; /* the zeros' A: |q 2^-SKb| < 2^14 */

@@ -50,11 +50,6 @@ static inline uint32_t hfms2(uint32_t a, uint32_t b, uint32_t c) {
   __asm__("{.reg .b32 n; neg.f16x2 n, %3; fma.rn.f16x2 %0, %1, %2, n;}" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
-static inline uint32_t hmax2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  __asm__("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
   uint32_t d;
   __asm__("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
@@ -157,7 +152,6 @@ static inline uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) { return a ^ b 
 static inline uint32_t hmul2(uint32_t a, uint32_t b) { return a ^ b; }
 static inline uint32_t hadd2(uint32_t a, uint32_t b) { return a ^ b; }
 static inline uint32_t hfms2(uint32_t a, uint32_t b, uint32_t c) { return a ^ b ^ c; }
-static inline uint32_t hmax2(uint32_t a, uint32_t b) { return a > b ? a : b; }
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) { return a ^ b ^ s; }
 static inline void h2f(uint32_t a, float *lo, float *hi) { *lo = (float)(a & 0xffff); *hi = (float)(a >> 16); }
 static inline uint32_t f2h2(float lo, float hi) { return (uint32_t)lo ^ (uint32_t)hi; }
@@ -302,26 +296,13 @@ static inline void fk_block_tokens(int sf, int nf, int fs, int Lf, const int64_t
     *nvq = *n;
   }
 }
-/* The exponent bounds {scale, zero} of the V scales and zeros of sequence s's (layer, kv-head)
- * (vexp: a sequence's own, so that its output does not depend on the other sequences of the
- * cache), read at a decode block's start: read after the K phase, as they are used, their load
- * would add one memory latency to every block's path (it waits for the barrier there).  Set by
- * append, -14 while the sequence's (layer, kv-head) holds no quantized value. */
-static inline fk_v2u fk_v_bounds(const int32_t *vexp, int64_t s, int layer, int NL, int H, int kvh) {
-  return ld8((const uint32_t *)(vexp + KIVI_VEXP_AT(s, layer, NL, H) + (size_t)kvh * 2));
-}
-/* The V operands' scaling from the exponent bounds ve (fk_v_bounds), unused when nvq = 0 (then
- * they may be unset): p is packed as f16x2 {p * fv, p * fz}, and the
- * scale/zero pairs are multiplied by ks; the results are scaled back by 2^SV and 2^ZV.
- * p * scale * 2^(24 - SV) < 2^15 is the operand of the codes.  The factor 2^(24 - SV) is split
- * so that neither f16 factor overflows: p * 2^min(15, 24 - SV) <= 2^15 and
- * scale * 2^max(0, 9 - SV) < 1 (exact: a power of two times an f16 that stays normal). */
-static inline void fk_v_scaling(fk_v2u ve, int nvq, int *SV, int *ZV, float *fv, float *fz, uint32_t *ks) {
-  *SV = nvq > 0 ? 9 + (int32_t)ve.x : 0;
-  *ZV = nvq > 0 ? (int32_t)ve.y : 0;
-  *fv = fk_p2(24 - *SV < 15 ? 24 - *SV : 15);
-  *fz = fk_p2(-*ZV);
-  *ks = f2h2(fk_p2(9 - *SV > 0 ? 9 - *SV : 0), 1.0f);
+/* The exponent bounds {V scale, V zero, K scale, unused} of sequence s's (layer, kv-head) (vexp:
+ * a sequence's own, so that its output does not depend on the other sequences of the cache),
+ * read at a decode block's start: read after the K phase, as they are used, their load would add
+ * one memory latency to every block's path (it waits for the barrier there).  Set by append and
+ * import, -14 while the sequence's (layer, kv-head) holds no quantized value or key. */
+static inline fk_v4u fk_v_bounds(const int32_t *vexp, int64_t s, int layer, int NL, int H, int kvh) {
+  return ld16((const uint32_t *)(vexp + KIVI_VEXP_AT(s, layer, NL, H) + (size_t)kvh * KIVI_XB));
 }
 /* The arrival of a fused call's block on its counter *p (all threads; the block's partials are
  * written): 1 in every thread of the block that arrives last (last = the count before it), which

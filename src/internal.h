@@ -97,8 +97,10 @@ typedef struct kivi_lane {
 
 /* The one-kernel append serves calls of at most this many sequences (cache.c) */
 #define KIVI_APPEND_FUSED_SEQS 64
-/* The V exponent bounds of (seq, layer): [H][2] at this offset of kivi_cache.vexp */
-#define KIVI_VEXP_AT(seq, layer, NL, H) ((((size_t)(seq) * (size_t)(NL) + (size_t)(layer)) * (size_t)(H)) * 2)
+/* The exponent bounds of (seq, layer): [H][KIVI_XB] at this offset of kivi_cache.vexp, per kv-head
+ * {V scales, V zeros, K scales, unused} */
+#define KIVI_XB 4
+#define KIVI_VEXP_AT(seq, layer, NL, H) ((((size_t)(seq) * (size_t)(NL) + (size_t)(layer)) * (size_t)(H)) * KIVI_XB)
 
 struct kivi_cache {
   kivi_context *ctx;
@@ -115,8 +117,9 @@ struct kivi_cache {
   int ns;               /* sink tokens per sequence (cfg.sinks; 0 for 16-bit keys and values) */
   uint16_t *ksink;      /* device: [seq][layer][H][ns][D] fp16, tokens 0 .. ns-1 (NULL when ns = 0) */
   uint16_t *vsink;
-  int32_t *vexp;        /* device: [seq][layer][H][2] e with 2^e > every |V scale|, |V zero| of the
-                           sequence's quantized values (-14 when it has none; KIVI_VEXP_AT) */
+  int32_t *vexp;        /* device: [seq][layer][H][KIVI_XB] e with 2^e > every |V scale|, every
+                           |V zero|, every K scale of the sequence's quantized values and keys
+                           (-14 when it has none; KIVI_VEXP_AT) */
   unsigned last_kernels; /* KIVI_KERNEL_* bits of the last attention call */
   int32_t *free_list;   /* host: stack of free block ids */
   int64_t n_free;
@@ -294,7 +297,7 @@ enum { D_SEQ, D_L, D_N, D_STAGE, D_KBPRE, D_VQPRE, D_VQBEG, D_NCOLS };
  * kivi_gpu_append_eligible).  The launches return 0, or -1 where they launched nothing (the
  * portable kernels run instead). */
 int kivi_gpu_append_keys(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nkb, const uint16_t *src,
-                          int64_t *flag, int64_t call_id, int async, int lane);
+                          int32_t *vsc, int64_t *flag, int64_t call_id, int async, int lane);
 int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, int64_t nvq, const uint16_t *src,
                             int32_t *vsc, int64_t *flag, int64_t call_id, int async, int lane);
 

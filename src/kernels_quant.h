@@ -208,8 +208,9 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
 
 /* The one-kernel append's K item (append_fast.inc): token group g, channels 8 c8 .. 8 c8 + 7 of
  * the kv-head's sub-block sb (the group's first position p0), tokens from the ring (before L)
- * or the stage. */
-static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0, int64_t L,
+ * or the stage.  Returns its 8 stored scales (the caller raises the K exponent bound with them;
+ * unquantized keys have none: NULL). */
+static inline const uint16_t *kivi_append_k_item(unsigned char *sb, const kivi_layout *lay, int g, int c8, int64_t p0, int64_t L,
                                       const uint16_t *ring, const uint16_t *stage, int64_t st0, int h) {
   const int G = lay->G, D = lay->D, R = lay->R, H = lay->H, c0 = 8 * c8;
   const size_t rb = (size_t)lay->kw * 4; /* bytes per token row of codes */
@@ -219,8 +220,9 @@ static inline void kivi_append_k_item(unsigned char *sb, const kivi_layout *lay,
   case 2: kivi_quant_k_item(codes, rb, sc, sc + D, 2, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
   case 4: kivi_quant_k_item(codes, rb, sc, sc + D, 4, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
   case 8: kivi_quant_k_item(codes, rb, sc, sc + D, 8, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
-  default: kivi_quant_k_item(codes, rb, sc, sc + D, 16, G, c0, p0, L, ring, R, D, stage, st0, H, h); break;
+  default: kivi_quant_k_item(codes, rb, sc, sc + D, 16, G, c0, p0, L, ring, R, D, stage, st0, H, h); return NULL;
   }
+  return sc;
 }
 
 /* ---- The items of the larger appends (cache_append.inc, kernels 2a and 2b) ----
@@ -463,7 +465,7 @@ static inline __attribute__((always_inline)) uint32_t kivi_v32_item(uint32_t *co
   return bad;
 }
 
-/* Exponent bounds of V scales and zeros (the GPU f16x2 kernel's ranges): -14 is no bound (fp16
+/* Exponent bounds of V scales and zeros (the GPU decode kernel's ranges): -14 is no bound (fp16
  * subnormals); e2[0..1] rise to cover the stored {scale, zero} pair sz (none if NULL). */
 static inline void kivi_vexp_fold(int e2[2], const uint16_t *sz) {
   if (!sz) return;
@@ -473,14 +475,26 @@ static inline void kivi_vexp_fold(int e2[2], const uint16_t *sz) {
   }
 }
 
-/* Raises the bounds vexp2[0..1] (global or team memory, shared by other threads) to e2[0..1]
- * atomically; a bound of -14 raises nothing, so it costs no atomic. */
-static inline void kivi_vexp_raise(int32_t *vexp2, const int e2[2]) {
-  for (int e = 0; e < 2; ++e) {
-    const int x = e2[e];
-    if (x > -14) {
+/* The exponent bound of K scales: *e rises to cover the n stored scales sc (none if NULL). */
+static inline void kivi_kexp_fold(int *e, const uint16_t *sc, int n) {
+  if (!sc) return;
+  for (int j = 0; j < n; ++j) {
+    const int x = kivi_f16_exp_bound(sc[j]);
+    *e = x > *e ? x : *e;
+  }
+}
+
+/* Raises the bounds b[0..2] ({V scale, V zero, K scale}: global or team memory, shared by other
+ * threads) to e[0..2] atomically; a bound of -14 raises nothing, and one that a plain read finds
+ * already covered costs no atomic (bounds only rise: a stale read costs an atomic, never a
+ * missed raise). */
+static inline void kivi_vexp_raise(int32_t *b, const int e[3]) {
+  const volatile int32_t *cur = b;
+  for (int j = 0; j < 3; ++j) {
+    const int x = e[j];
+    if (x > -14 && x > cur[j]) {
 #pragma omp atomic compare
-      if (vexp2[e] < x) { vexp2[e] = x; }
+      if (b[j] < x) { b[j] = x; }
     }
   }
 }

@@ -777,31 +777,42 @@ START_TEST(decode_f16_long_splits) {
 }
 END_TEST
 
-/* A sequence's decode depends only on its own tokens: seq 0 of a cache where seq 1 holds values
- * 3,000 times larger (appended first), and seq 0 of a cache where seq 0 held such values before
- * kivi_cache_reset_seq, give the output of seq 0 in a cache of its own, bit for bit (the GPU
- * kernels scale the V operands by exponent bounds that are each sequence's own).  _i: 2- or
- * 4-bit, MHA or GQA. */
+/* A sequence's decode depends only on its own tokens: seq 0 of a cache where seq 1 holds keys and
+ * values 3,000 times larger (appended first), of a cache where seq 0 held such values before
+ * kivi_cache_reset_seq, and of one where it held them before a kivi_cache_load of seq 0's save,
+ * give the output of seq 0 in a cache of its own, bit for bit (the GPU kernel scales its K and V
+ * operands by exponent bounds that are each sequence's own, kept by append, reset and load).
+ * _i: 2- or 4-bit, MHA or GQA. */
 START_TEST(decode_seq_isolated) {
   const acase a = {128, _i & 1 ? 2 : 4, _i & 1 ? 8 : 4, _i & 2 ? 4 : 2, _i & 2 ? 4 : 2, 32, 128, 0.0f};
   const acase big = {a.D, a.H, a.HQ, a.kb, a.vb, a.G, a.R, 3000.0f};
   enum { L = 700 };
-  float *k, *v, *kb, *vb;
+  float *k, *v, *kb, *vb; /* kb unused: the large values serve as keys too */
   make_kv(&a, L, 501, &k, &v);
   make_kv(&big, L, 777, &kb, &vb);
   float *q = tu_random((size_t)a.HQ * a.D, 502, 1.0f);
   const size_t no = (size_t)a.HQ * a.D;
-  float *out[3];
-  kivi_cache *c[3];
+  float *out[4];
+  kivi_cache *c[4];
   unsigned kern = 0;
-  for (int w = 0; w < 3; ++w) {
+  for (int w = 0; w < 4; ++w) {
     c[w] = make_cache(&a, 2, 1024);
-    if (w == 1) append_all(c[w], 1, L, kb, vb); /* a neighbour of large values */
-    if (w == 2) {                               /* large values before a reset */
-      append_all(c[w], 0, L, kb, vb);
+    if (w == 1) append_all(c[w], 1, L, vb, vb); /* a neighbour of large keys and values */
+    if (w == 2) {                               /* large keys and values before a reset */
+      append_all(c[w], 0, L, vb, vb);
       ck_assert_int_eq(kivi_cache_reset_seq(c[w], 0), KIVI_OK);
     }
-    append_all(c[w], 0, L, k, v);
+    if (w == 3) { /* large keys and values, then the sequence loaded over them from the first cache's
+                   * save (the bounds the GPU kernel keeps per sequence come from what was loaded) */
+      append_all(c[w], 0, L, vb, vb);
+      size_t n = 0;
+      ck_assert_int_eq(kivi_cache_save(c[0], 0, NULL, &n), KIVI_OK);
+      void *b = malloc(n);
+      ck_assert_int_eq(kivi_cache_save(c[0], 0, b, &n), KIVI_OK);
+      ck_assert_int_eq(kivi_cache_load(c[w], 0, b, n), KIVI_OK);
+      free(b);
+    } else
+      append_all(c[w], 0, L, k, v);
     out[w] = malloc(no * sizeof(float));
     const int seq = 0;
     ck_assert_int_eq(kivi_attention_decode(c[w], 0, 1, &seq, a.HQ, q, 0.088f, out[w], KIVI_F32, KIVI_MEM_HOST), KIVI_OK);
@@ -809,9 +820,10 @@ START_TEST(decode_seq_isolated) {
   }
   ck_assert_int_eq(memcmp(out[0], out[1], no * sizeof(float)), 0);
   ck_assert_int_eq(memcmp(out[0], out[2], no * sizeof(float)), 0);
-  printf("seq isolated, D%d K%d V%d HQ %d over %d (%s): the same output beside large values and after a reset\n", a.D,
-         a.kb, a.vb, a.HQ, a.H, kernel_name(kern));
-  for (int w = 0; w < 3; ++w) {
+  ck_assert_int_eq(memcmp(out[0], out[3], no * sizeof(float)), 0);
+  printf("seq isolated, D%d K%d V%d HQ %d over %d (%s): the same output beside large values, after a reset and "
+         "loaded over large values\n", a.D, a.kb, a.vb, a.HQ, a.H, kernel_name(kern));
+  for (int w = 0; w < 4; ++w) {
     kivi_cache_destroy(c[w]);
     free(out[w]);
   }

@@ -25,13 +25,6 @@ static inline uint32_t hfms2(uint32_t a, uint32_t b, uint32_t c) {
   return simt_pack(fma(SIMT_LO(a), SIMT_LO(b), -SIMT_LO(c)), fma(SIMT_HI(a), SIMT_HI(b), -SIMT_HI(c)));
 }
 /* max.f16x2: the larger half of each pair (the other one where a half is NaN) */
-static inline uint32_t simt_hmax1(uint32_t a, uint32_t b) {
-  const double x = kivi_simt_h2d(a), y = kivi_simt_h2d(b);
-  return isnan(x) ? b : isnan(y) ? a : x >= y ? a : b;
-}
-static inline uint32_t hmax2(uint32_t a, uint32_t b) {
-  return simt_hmax1(a & 0xffffu, b & 0xffffu) | simt_hmax1(a >> 16, b >> 16) << 16;
-}
 /* prmt.b32 (default mode): byte i of d is byte s_i & 7 of {b, a}, or its sign bit spread where s_i & 8 */
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
   const uint64_t x = (uint64_t)b << 32 | a;

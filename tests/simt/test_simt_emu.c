@@ -62,7 +62,6 @@ START_TEST(permutes_and_f16x2) {
   const uint32_t a = 0x3c01u, b = 0x3c01u, p = hmul2(a, b); /* (1 + 2^-10)^2 = 1 + 2^-9 + 2^-20 */
   ck_assert_uint_eq(p, 0x3c02u);
   ck_assert_uint_eq(hfms2(a, b, p), f16_bits(0x1p-20));
-  ck_assert_uint_eq(hmax2(0x3c00u | 0x7e00u << 16, 0x4000u | 0x3c00u << 16), 0x4000u | 0x3c00u << 16);
   float lo, hi;
   h2f(f2h2(0.1f, -3.0e-6f), &lo, &hi);
   ck_assert(lo == (float)(double)(_Float16)0.1f && hi == (float)(double)(_Float16)-3.0e-6f);
