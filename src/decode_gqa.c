@@ -393,16 +393,16 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       {
         const int jj = j + NS - 1, bj = shfi_i(myblk, jj & 31);
         if (jj < nmine) {
-          const int tg = t0 + 32 * (wid + FNW * jj), lc = (int)fk_opaque((uint32_t)lane);
+          const int tg = t0 + 32 * (wid + FNW * jj);
           gq_copy(sring + (stj == 0 ? NS - 1 : stj - 1) * ST, hb + (uint64_t)(uint32_t)bj * a->bsz, (unsigned)(tg & Rm), a,
-                  lc, gq_swz(lc / NCK, lc % NCK, NCK), gq_swz(lc / NCV, lc % NCV, NCV), D, KB, VB);
+                  lane, kco, vco, D, KB, VB);
         }
         fk_cp_commit();
       }
       const uint32_t so = (uint32_t)(wid * NS * ST + stj * ST); /* the stage, bytes from s_u */
-      /* the lane's address parts again from an opaque lane: a few instructions a round instead of
-       * registers held through the loop (it keeps the kernel at 4 blocks per SM) */
-      const int ln = (int)fk_opaque((uint32_t)lane), lt = ln & 3, lg = ln >> 2;
+      /* the lane's address parts: the compiler keeps what it can in registers (127 at most: 4
+       * blocks per SM; an opaque lane recomputed them each round, 45 instructions more: round 51) */
+      const int lt = lane & 3, lg = lane >> 2;
       const uint32_t o_sw = OKS + 4 * NPW * lt, o_zw = OKS + 2 * D + 2 * CPW * lt, o_vs = OVS + 8 * VG * lt;
       const uint32_t o_vz = OVS + 4 * (2 * VG * lt + (lg < VG ? lg : 0));
       const int vsw = 2 * lt * NCV / 8 % NCV, vwq = VB == 2 ? lg >> 2 : lg >> 1;
@@ -412,20 +412,20 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       uint32_t o_vt[2];
       #pragma unroll
       for (int q2 = 0; q2 < 2; ++q2)
-        o_vt[q2] = OVC + gq_swz(8 * ((ln >> 3) & 1) + (ln & 7), (2 * q2 + (ln >> 4)) % NCV, NCV);
+        o_vt[q2] = OVC + gq_swz(8 * ((lane >> 3) & 1) + (lane & 7), (2 * q2 + (lane >> 4)) % NCV, NCV);
       const uint32_t vsel = VB == 2 ? (uint32_t)(lg & 3) * 0x1111u + 0x4400u : (uint32_t)(2 * (lg & 1)) * 0x1111u + 0x5410u;
       /* ---- keys: piece c of every token row (ldmatrix: matrix nt is tokens 8 nt .. 8 nt + 7), then
        * its KPW k-tiles; the scales' words of the pairs and the zeros' words read as they are used */
-      const unsigned char *const psw = s_u + fk_opaque(so + o_sw), *const pzw = s_u + fk_opaque(so + o_zw);
-      const unsigned char *const pqa = s_u + fk_opaque(UNI + GQ_TAB(D) + 16 * lane);
-      const unsigned char *const pqb = s_u + fk_opaque(UNI + 16 * lane);
+      const unsigned char *const psw = s_u + (so + o_sw), *const pzw = s_u + (so + o_zw);
+      const unsigned char *const pqa = s_u + (UNI + GQ_TAB(D) + 16 * lane);
+      const unsigned char *const pqb = s_u + (UNI + 16 * lane);
       float d[4][4], db[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       #pragma unroll
       for (int e = 0; e < 16; ++e) d[e >> 2][e & 3] = 0.0f;
       #pragma unroll
       for (int c = 0; c < NCK; ++c) {
         uint32_t cw[4]; /* word 4 c + t of token 8 nt + g */
-        fk_ldsm4s(cw, fk_opaque(sring + stj * ST + gq_swz(lane, c, NCK)));
+        fk_ldsm4s(cw, (sring + stj * ST + gq_swz(lane, c, NCK)));
         #pragma unroll
         for (int kk = 0; kk < KPW; ++kk) {
           const int kt = c * KPW + kk, p0 = 2 * kk;
@@ -486,10 +486,10 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
         P[nt] = f2h2(p0, p1);
       }
       /* ---- values: k-tile tk takes tokens 16 tk + 2t, + 1 (B's b0) and + 8, + 9 (b1) */
-      const unsigned char *const pvs = s_u + fk_opaque(so + o_vs), *const pvz = s_u + fk_opaque(so + o_vz);
+      const unsigned char *const pvs = s_u + (so + o_vs), *const pvz = s_u + (so + o_vz);
       const unsigned char *pvc[4];
       #pragma unroll
-      for (int pc = 0; pc < (VB == 2 ? NCV : 0); ++pc) pvc[pc] = s_u + fk_opaque(so + o_vc[pc]);
+      for (int pc = 0; pc < (VB == 2 ? NCV : 0); ++pc) pvc[pc] = s_u + (so + o_vc[pc]);
       #pragma unroll
       for (int tk = 0; tk < 2; ++tk) {
         uint32_t R[4][4];
@@ -513,7 +513,7 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
           #pragma unroll
           for (int q2 = 0; q2 < VG / 2; ++q2) {
             uint32_t r4[4];
-            fk_ldsm4t(r4, s_u + fk_opaque(so + o_vt[q2] + 16 * NCV * 16 * tk));
+            fk_ldsm4t(r4, s_u + (so + o_vt[q2] + 16 * NCV * 16 * tk));
             xt[2 * q2][0] = r4[0], xt[2 * q2][1] = r4[1], xt[2 * q2 + 1][0] = r4[2], xt[2 * q2 + 1][1] = r4[3];
           }
         }
