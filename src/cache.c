@@ -775,19 +775,12 @@ kivi_status kivi_import_seq(kivi_cache *c, int seq, int layer, int64_t L, const 
     for (int64_t p = 0; p < Lv && l->vb < 16; ++p) {
       const uint16_t *sz = kivi_vscales_at(im.blocks + (size_t)(p / R) * l->block_bytes + (size_t)h * l->sub_bytes, l,
                                            (int)(p % R));
-      for (int g = 0; g < D / G; ++g)
-        for (int e = 0; e < 2; ++e) {
-          const int x = kivi_f16_exp_bound(sz[2 * g + e]);
-          if (x > xb[e]) xb[e] = x;
-        }
+      for (int g = 0; g < D / G; ++g) kivi_vexp_fold(xb, sz + 2 * g);
     }
     for (int64_t p = 0; p + G <= Lq - Lq % R && l->kb < 16; p += G) { /* the K scales of each group */
       const uint16_t *sc = kivi_kscales_at(im.blocks + (size_t)(p / R) * l->block_bytes + (size_t)h * l->sub_bytes, l,
                                            (int)(p % R / G), 0);
-      for (int ch = 0; ch < D; ++ch) {
-        const int x = kivi_f16_exp_bound(sc[ch]);
-        if (x > xb[2]) xb[2] = x;
-      }
+      kivi_kexp_fold(&xb[2], sc, D);
     }
   }
   const kivi_context *ctx = c->ctx;

@@ -425,7 +425,7 @@ static inline __attribute__((always_inline)) void gq_split(const gq_args *a, uns
       #pragma unroll
       for (int c = 0; c < NCK; ++c) {
         uint32_t cw[4]; /* word 4 c + t of token 8 nt + g */
-        fk_ldsm4s(cw, (sring + stj * ST + gq_swz(lane, c, NCK)));
+        fk_ldsm4s(cw, sring + stj * ST + gq_swz(lane, c, NCK));
         #pragma unroll
         for (int kk = 0; kk < KPW; ++kk) {
           const int kt = c * KPW + kk, p0 = 2 * kk;
