@@ -191,15 +191,6 @@ static inline void fk_sync(void) {}
 static inline void fk_wsync(void) {}
 static inline unsigned fk_arrive_acq_rel(unsigned *p) { return (*p)++; }
 #endif
-/* x, as a value the compiler cannot see through: an address base made opaque inside a loop is
- * not hoisted with each of its constant offsets (a register per offset), so every load is the
- * base register plus an immediate.  No instruction. */
-static inline uint32_t fk_opaque(uint32_t x) {
-#if defined(__NVPTX__)
-  __asm__ volatile("" : "+r"(x));
-#endif
-  return x;
-}
 /* the value-code words of a lane's channel group: 2 (2-bit, 8 bytes) or 4 (4-bit, 16 bytes) */
 static inline void fk_vcodes2(uint32_t *cw, const uint32_t *p) {
   const fk_v2u x = ld8(p);
