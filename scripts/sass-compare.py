@@ -12,11 +12,15 @@ nvidia-cuda-nvdisasm).
 
 A kernel's name is taken without the offload prefix (device and file ids) and without its
 `_lNNN` line tag, so a kernel moved to another file or line still pairs with itself; kernels
-whose names then collide are told apart by their order in the listing (#2, #3, ...).  Addresses
+whose names then collide are told apart by their order in the listing (#2, #3, ...).  Kernels
+whose names pair with none (a region moved into another function) are paired by their code
+and reported "KIND as NAME_IN_B".  Addresses
 are dropped and branch targets replaced by X.  Each kernel is then one of:
 
   same       the same instructions in the same order, registers included;
   registers  the same instructions in the same order but for register numbers;
+  params     (renamed kernels only) the same but for registers and the offsets of the
+             kernel's parameters (a region whose captured variables come in another order);
   reordered  the same number of each opcode in another order (scheduling);
   different  other instructions: the counts of A and B and the opcodes that differ most.
 
@@ -76,6 +80,10 @@ def unregister(ins):
     return re.sub(r"\bU?[RPB][0-9]+\b", "r", ins)
 
 
+def unparam(ins):
+    return re.sub(r"c\[0x0\]\[0x[0-9a-f]+\]", "c[param]", ins)
+
+
 def main(argv):
     if len(argv) not in (3, 4):
         sys.stderr.write(__doc__)
@@ -85,11 +93,29 @@ def main(argv):
     sub = argv[3] if len(argv) == 4 else ""
     names = sorted(n for n in set(ka) | set(kb) if sub in n)
     tally, worst = collections.Counter(), 0
+    # kernels whose names pair with none (a region moved into another function): paired by
+    # their code, identical first, then but for register numbers, then but for the kernel
+    # parameters' offsets (a region whose captured variables come in another order)
+    only_a = [n for n in names if n not in kb]
+    only_b = [n for n in names if n not in ka]
+    for key, kind in ((lambda x: x, "same"), (lambda x: [unregister(i) for i in x], "registers"),
+                      (lambda x: [unparam(unregister(i)) for i in x], "params")):
+        for na in list(only_a):
+            nb = next((m for m in only_b if key(kb[m]) == key(ka[na])), None)
+            if nb is None:
+                continue
+            print("%-44s %-10s as %s" % (na, kind, nb))
+            only_a.remove(na)
+            only_b.remove(nb)
+            tally[kind + " (renamed)"] += 1
+            worst = worst if kind != "params" else 1
     for n in names:
         if n not in ka or n not in kb:
-            print("%-44s only in %s" % (n, "B" if n not in ka else "A"))
-            tally["only in one"] += 1
-            worst = 1
+            if n in only_a or n in only_b:
+                print("%-44s only in %s, %d instructions" % (n, "B" if n not in ka else "A",
+                                                             len(kb[n] if n not in ka else ka[n])))
+                tally["only in one"] += 1
+                worst = 1
             continue
         a, b = ka[n], kb[n]
         if a == b:

@@ -1,5 +1,5 @@
 /* GPU fast path of a larger append's quantization: kernels 2a (keys, ak_block) and 2b (values,
- * av_block) of cache_append.inc as CUDA-like `ompx_bare` kernels, for 2- or 4-bit tensors with
+ * av_block) of append.c as CUDA-like `ompx_bare` kernels, for 2- or 4-bit tensors with
  * head_dim 128 and G = 32 read from fp16 rows (a direct fp16 input in device memory, or the
  * stage).  They compute exactly what the portable items of kernels_quant.h compute (the same
  * group statistics, scales, zeros, codes, non-finite marks and V exponent bounds; the GPU suite

@@ -10,9 +10,8 @@
  *   6. write the new tokens that stay fp16 into the rings (after 4 and 5 read the old slots).
  * Every quantized group reads fp16 values of the same tokens whatever the split, so the packed
  * bytes do not depend on how the tokens arrive.  On a GPU a small call (at most R tokens per
- * sequence, at most 64 sequences: a decode step) does 2-6 in one kernel (append_fast.inc);
- * otherwise kernel 1 does 2, kernel 2a does 4, kernel 2b does 5, kernel 3 does 6
- * (cache_append.inc). */
+ * sequence, at most 64 sequences: a decode step) does 2-6 in one kernel; otherwise kernel 1
+ * does 2, kernel 2a does 4, kernel 2b does 5, kernel 3 does 6 (append.c). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,62 +252,6 @@ kivi_status kivi_cache_reset_seq(kivi_cache *c, int seq) {
 
 /* ---- append ---- */
 
-/* The one-kernel append (append_fast.inc) is a bare GPU kernel: clang offload builds only. */
-#if KIVI_HAVE_OFFLOAD && defined(__clang__)
-#include <ompx.h>
-#define KIVI_APPEND_FUSED 1
-#else
-#define KIVI_APPEND_FUSED 0
-#endif
-#define KIVI_APPEND_NT 128 /* threads per block of the one-kernel append */
-#define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18) /* its largest call: new tokens x kv-heads x head_dim */
-/* KIVI_APPEND_FUSED_SEQS (internal.h): 64 sequences at most; at 390 and 1,024 sequences (H200,
- * Llama-2-7B shape) the one-kernel append was slower than the four kernels */
-#define KIVI_APPEND_VCHUNK 8 /* tokens per item of the larger appends' value quantization (kernel 2b) */
-
-#pragma omp declare target
-/* Element j of an input array of type dt, as fp16 (NaN/Inf/out of range become Inf or NaN). */
-static inline uint16_t kivi_in_f16(const void *src, int64_t j, int dt) {
-  if (dt == KIVI_F32) return kivi_f32_to_f16(((const float *)src)[j]);
-  if (dt == KIVI_BF16) return kivi_bf16_to_f16(((const uint16_t *)src)[j]);
-  return ((const uint16_t *)src)[j];
-}
-
-typedef struct kivi_f32x4 {
-  float v[4];
-} __attribute__((aligned(16))) kivi_f32x4;
-
-/* Elements j..j+7 (j a multiple of 8) of an input array of type dt as fp16, stored at out
- * (16-byte aligned); nonzero if one is not finite.  vec: src is 16-byte aligned, so the
- * values are read 16 bytes at a time. */
-static inline int kivi_in_f16x8(const void *src, int64_t j, int dt, int vec, uint16_t *out) {
-  kivi_f16x8 h;
-  if (vec && dt == KIVI_F32) {
-    const kivi_f32x4 a = ((const kivi_f32x4 *)src)[j / 4], b = ((const kivi_f32x4 *)src)[j / 4 + 1];
-    for (int e = 0; e < 4; ++e) {
-      h.v[e] = kivi_f32_to_f16(a.v[e]);
-      h.v[4 + e] = kivi_f32_to_f16(b.v[e]);
-    }
-  } else if (vec) {
-    h = kivi_ld8((const uint16_t *)src + j);
-    if (dt == KIVI_BF16)
-      for (int e = 0; e < 8; ++e) h.v[e] = kivi_bf16_to_f16(h.v[e]);
-  } else {
-    for (int e = 0; e < 8; ++e) h.v[e] = kivi_in_f16(src, j + e, dt);
-  }
-  int bad = 0;
-  for (int e = 0; e < 8; ++e) bad |= !kivi_f16_finite(h.v[e]);
-  *(kivi_f16x8 *)out = h;
-  return bad;
-}
-
-/* A memory fence (an orphaned flush: the one-kernel append's blocks publish their writes to the
- * last block, as in a CUDA threadfence reduction). */
-static inline void kivi_fence(void) {
-#pragma omp flush
-}
-#pragma omp end declare target
-
 /* Copies n input values of type dt to dst; returns 1 if any of them does not round to a finite
  * fp16 (the check kernel 1 makes on device inputs).  One pass: the check rides on the copy. */
 static int copy_finite(void *dst, const void *src, size_t n, kivi_dtype dt) {
@@ -367,7 +310,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
   if (st) return st;
   if (n_seqs == 0) return KIVI_OK; /* nothing to append: seq_ids, n_new, k and v may be NULL */
   if (!n_new) return KIVI_ERR_ARG;
-  const int R = c->cfg.residual, G = c->cfg.group, H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
+  const int R = c->cfg.residual, H = c->cfg.n_kv_heads, D = c->cfg.head_dim;
   const int NL = c->cfg.n_layers;
   /* Per sequence: its new tokens go first to the sink area (positions < ns), the rest to the
    * quantized stream, whose length L (positions minus ns) the descriptor and kernels see. */
@@ -412,7 +355,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
    * the first kernel's launch (host inputs are copied into it: one transfer instead of
    * several).  Device stage: [descriptor copy | fp16 K | fp16 V | V bounds or commit marks | (the
    * one-kernel append) backup of K and V ring slots]: kernel 1 fills the fp16 K and V of all new
-   * tokens, or with a direct input (cache_append.inc) of the window's. */
+   * tokens, or with a direct input (append.c) of the window's. */
   const size_t nel = (size_t)total * H * D, esz = dtype_size(dtype);
   const size_t n_desc = (size_t)D_NCOLS * n_seqs, n_bt = (size_t)need_blocks;
   const size_t head = ((n_desc + 2 * n_bt) * 8 + 15) & ~(size_t)15;
@@ -511,23 +454,18 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
     append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
     return KIVI_ERR_NOMEM;
   }
-  const size_t n_img = head + raw;
   const int host_in = mem == KIVI_MEM_HOST;
-  int64_t *dd = (int64_t *)stage->p; /* the descriptor copy, written by kernel 1 */
   /* the layer's flag: 0 between calls, or the id of its first failed enqueued append; and the
    * lane's arrival counter of the one-kernel append */
-  int64_t *flag = c->aflag + layer, *arrive = c->aflag + NL + (lane < 0 ? 0 : lane);
-  (void)arrive; /* the one-kernel append's only */
-  const void *kdev = host_in ? NULL : k, *vdev = host_in ? NULL : v;
-  uint16_t *kst = (uint16_t *)((unsigned char *)stage->p + sdesc), *vst = kst + f16 / 2;
-  const int64_t n_kb = kb, n_vq = vq;
-  int64_t flag_out = 0; /* the flag after the kernels (synchronous calls) */
-
-#define KIVI_REGION_FILE "cache_append.inc"
-#define KIVI_REGION_STREAM /* its synchronous copy reads the layer's flag back */
-#include "region_twice.inc"
-#undef KIVI_REGION_STREAM
-#undef KIVI_REGION_FILE
+  const kivi_append_job job = {.layer = layer, .n_seqs = n_seqs, .dtype = dtype, .host_in = host_in, .fused = fused,
+                               .max_new = max_new, .call_id = call_id, .kdev = host_in ? NULL : k,
+                               .vdev = host_in ? NULL : v, .img = img, .simg = simg, .n_img = head + raw, .head = head,
+                               .nel = nel, .esz = esz, .n_desc = n_desc, .n_bt = n_bt, .n_simg = n_simg, .stab = stab,
+                               .nsink = nsink, .stage = stage->p, .sdesc = sdesc, .f16 = f16, .nvx = nvx,
+                               .flag = c->aflag + layer, .arrive = c->aflag + NL + (lane < 0 ? 0 : lane),
+                               .n_kb = kb, .n_vq = vq};
+  /* the flag after the kernels (synchronous calls) */
+  const int64_t flag_out = kivi_append_run(c, &job, async, lane);
 
   /* Was the input finite?  If not, the kernels changed nothing but block-table entries past
    * the lengths: give the blocks back and clear the flag.  (Enqueued: the wait checks the flag
@@ -538,7 +476,7 @@ static kivi_status append_impl(kivi_cache *c, int layer, int n_seqs, const int *
     if (flag_out) {
       const int64_t zero = 0;
       append_undo_blocks(c, layer, n_seqs, seq_ids, n_new);
-      return kivi_dev_put(ctx, flag, &zero, sizeof zero) ? KIVI_ERR_DEVICE : KIVI_ERR_NONFINITE;
+      return kivi_dev_put(ctx, job.flag, &zero, sizeof zero) ? KIVI_ERR_DEVICE : KIVI_ERR_NONFINITE;
     }
   }
   for (int i = 0; i < n_seqs; ++i) c->len[(size_t)seq_ids[i] * NL + layer] += n_new[i];

@@ -228,6 +228,21 @@ static inline void kivi_lane_deps(kivi_cache *c, int lane, char **a, char **b) {
       REGION(__VA_ARGS__)                                                                                             \
     }                                                                                                                 \
   } while (0)
+/* The same for a region whose synchronous copy also reads a result back (SYNC: the clauses of
+ * that copy only, such as map(from : x)): the stream route's copy goes without them (a map from
+ * would make its kernel wait). */
+#define KIVI_LAUNCH_READBACK(REGION, ...)                                                                             \
+  do {                                                                                                                \
+    char *dep_a, *dep_b; /* named only in depend clauses */                                                           \
+    kivi_lane_deps(c, lane, &dep_a, &dep_b);                                                                          \
+    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
+      REGION(nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                                         \
+    } else if (async == KIVI_RUN_STREAM) {                                                                            \
+      REGION()                                                                                                        \
+    } else {                                                                                                          \
+      REGION(__VA_ARGS__)                                                                                             \
+    }                                                                                                                 \
+  } while (0)
 
 static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
   return c->bt_host + ((size_t)seq * c->cfg.n_layers + layer) * c->max_blocks;
@@ -293,6 +308,33 @@ int kivi_gpu_sink_partials(kivi_cache *c, int layer, int rows, int HQ, const int
  * stored length L, new tokens, first stage row, completed blocks before it (prefix), values
  * leaving the window before it (prefix), first position of its values leaving the window. */
 enum { D_SEQ, D_L, D_N, D_STAGE, D_KBPRE, D_VQPRE, D_VQBEG, D_NCOLS };
+/* One append's device work as append_impl (cache.c) prepared it: the inputs of the append
+ * kernels (append.c).  The host image img [descriptor | block-table updates | raw K | raw V]
+ * (n_img bytes; the raw inputs, from `head` on, only with host inputs) goes in with the first
+ * kernel; the sink image simg (n_simg bytes) with the sinks' kernel.  The device stage of the
+ * call's lane: [descriptor copy dd (sdesc bytes) | fp16 K kst | fp16 V vst (f16 bytes each) |
+ * V bounds or commit marks (nvx bytes) | (the one-kernel append) backup of the ring slots]. */
+typedef struct kivi_append_job {
+  int layer, n_seqs;
+  kivi_dtype dtype;         /* of the inputs (fp16 after a rotation) */
+  int host_in;              /* the inputs came from host memory (in the image) */
+  int fused;                /* the one-kernel append */
+  int max_new;              /* the most new tokens of one sequence's quantized stream */
+  int64_t call_id;          /* what a non-finite input writes into the layer's flag */
+  const void *kdev, *vdev;  /* device inputs (NULL with host inputs) */
+  unsigned char *img, *simg;
+  size_t n_img, head, nel, esz, n_desc, n_bt; /* nel: new values per tensor, esz bytes each */
+  size_t n_simg, stab;      /* stab: the sink image's table bytes, before its host rows */
+  int64_t nsink;            /* sink tokens of the call */
+  void *stage;              /* the lane's stage, sdesc, f16 and nvx bytes as above */
+  size_t sdesc, f16, nvx;
+  int64_t *flag, *arrive;   /* the layer's flag; the lane's arrival counter (one-kernel append) */
+  int64_t n_kb, n_vq;       /* K blocks the call completes, values leaving the windows */
+} kivi_append_job;
+/* Runs an append's kernels on the cache's device in run mode `async` (KIVI_RUN_*) on `lane`.
+ * Returns the layer's flag after them (a synchronous call; 0 otherwise): nonzero if an input
+ * was not finite, in which case they changed nothing but block-table entries past the lengths. */
+int64_t kivi_append_run(kivi_cache *c, const kivi_append_job *j, int async, int lane);
 /* GPU fast path of kernels 2a and 2b of a larger append (append_gpu.c; eligibility: plan.h,
  * kivi_gpu_append_eligible).  The launches return 0, or -1 where they launched nothing (the
  * portable kernels run instead). */

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "half.h"
+#include "kivi.h" /* kivi_dtype */
 #include "layout.h"
 
 /* Partial unrolling of the loops over a group's G values: 16-byte steps, 4 loads in flight per
@@ -206,7 +207,7 @@ static inline void kivi_quant_v_item(uint32_t *codes, uint16_t *sz, int bits, in
   kivi_v_codes(codes + (size_t)cg * G * bits / 32, x, G, bits, 0, kivi_f16_to_f32(hs), kivi_f16_to_f32(hz));
 }
 
-/* The one-kernel append's K item (append_fast.inc): token group g, channels 8 c8 .. 8 c8 + 7 of
+/* The one-kernel append's K item (append.c, ap_fused_block): token group g, channels 8 c8 .. 8 c8 + 7 of
  * the kv-head's sub-block sb (the group's first position p0), tokens from the ring (before L)
  * or the stage.  Returns its 8 stored scales (the caller raises the K exponent bound with them;
  * unquantized keys have none: NULL). */
@@ -225,7 +226,7 @@ static inline const uint16_t *kivi_append_k_item(unsigned char *sb, const kivi_l
   return sc;
 }
 
-/* ---- The items of the larger appends (cache_append.inc, kernels 2a and 2b) ----
+/* ---- The items of the larger appends (append.c, kernels 2a and 2b) ----
  * They read fp16 (or bf16, bf: rounded to fp16 as they are read) in pairs packed in 32-bit
  * words, hold a block of 32 tokens (keys) or 32 channels (values) in registers between the
  * statistics and the codes, and return the non-finite marks of what they read (nonzero: the
@@ -561,6 +562,41 @@ static inline __attribute__((always_inline)) uint32_t kivi_append_v32(unsigned c
   }
 #undef KIVI_V32
   kivi_vexp_fold(e2, sz + 2 * cg);
+  return bad;
+}
+
+/* Element j of an input array of type dt, as fp16 (NaN/Inf/out of range become Inf or NaN). */
+static inline uint16_t kivi_in_f16(const void *src, int64_t j, int dt) {
+  if (dt == KIVI_F32) return kivi_f32_to_f16(((const float *)src)[j]);
+  if (dt == KIVI_BF16) return kivi_bf16_to_f16(((const uint16_t *)src)[j]);
+  return ((const uint16_t *)src)[j];
+}
+
+typedef struct kivi_f32x4 {
+  float v[4];
+} __attribute__((aligned(16))) kivi_f32x4;
+
+/* Elements j..j+7 (j a multiple of 8) of an input array of type dt as fp16, stored at out
+ * (16-byte aligned); nonzero if one is not finite.  vec: src is 16-byte aligned, so the
+ * values are read 16 bytes at a time. */
+static inline int kivi_in_f16x8(const void *src, int64_t j, int dt, int vec, uint16_t *out) {
+  kivi_f16x8 h;
+  if (vec && dt == KIVI_F32) {
+    const kivi_f32x4 a = ((const kivi_f32x4 *)src)[j / 4], b = ((const kivi_f32x4 *)src)[j / 4 + 1];
+    for (int e = 0; e < 4; ++e) {
+      h.v[e] = kivi_f32_to_f16(a.v[e]);
+      h.v[4 + e] = kivi_f32_to_f16(b.v[e]);
+    }
+  } else if (vec) {
+    h = kivi_ld8((const uint16_t *)src + j);
+    if (dt == KIVI_BF16)
+      for (int e = 0; e < 8; ++e) h.v[e] = kivi_bf16_to_f16(h.v[e]);
+  } else {
+    for (int e = 0; e < 8; ++e) h.v[e] = kivi_in_f16(src, j + e, dt);
+  }
+  int bad = 0;
+  for (int e = 0; e < 8; ++e) bad |= !kivi_f16_finite(h.v[e]);
+  *(kivi_f16x8 *)out = h;
   return bad;
 }
 

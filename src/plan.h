@@ -105,6 +105,20 @@ static inline int kivi_head_chunks(int gsz, int nh) { return (gsz + nh - 1) / nh
 #define KIVI_F16S_ONE 2048 /* rows longer than this take one split where the pairs make KIVI_F16S_FEW blocks */
 #define KIVI_F16S_MINSPLIT 128
 
+/* ---- the append (append.c) */
+/* The one-kernel append (a bare GPU kernel: clang offload builds only) of a small call: at most
+ * R new tokens per sequence, KIVI_APPEND_FUSED_SEQS (internal.h: 64) sequences, and
+ * KIVI_APPEND_FUSED_MAX new values (new tokens x kv-heads x head_dim); at 390 and 1,024
+ * sequences (H200, Llama-2-7B shape) it was slower than the four kernels of a larger call. */
+#if KIVI_HAVE_OFFLOAD && defined(__clang__)
+#define KIVI_APPEND_FUSED 1
+#else
+#define KIVI_APPEND_FUSED 0
+#endif
+#define KIVI_APPEND_NT 128 /* threads per block of the one-kernel append */
+#define KIVI_APPEND_FUSED_MAX ((size_t)1 << 18)
+#define KIVI_APPEND_VCHUNK 8 /* tokens per item of a larger append's value quantization (kernel 2b) */
+
 /* The plan of a call of `rows` rows (descriptor hd, columns R_*: R_BEG is filled here) with HQ
  * query heads: decode (no new tokens) or extend (newk: the new tokens' GPU kernel takes them). */
 att_plan kivi_plan_call(const kivi_cache *c, int rows, int64_t *hd, int HQ, int decode, int newk);
