@@ -149,6 +149,217 @@ static kivi_status run_new(kivi_cache *c, int rows, const int64_t *hd, const att
   return KIVI_OK;
 }
 
+#pragma omp declare target
+/* The portable attention kernel: a team per work item (row, kv-head, chunk of that kv-head's
+ * query heads, split of the tokens), looping over the items where the host fallback runs fewer
+ * teams; see the top of this file.  Its inputs: run_rows's plan and descriptor in pt_args, each
+ * field read where it is used (read into locals first, they make clang hold them all in
+ * registers on a GPU: 168-238 instead of 127).  Its team-shared arrays are the function's own
+ * (omp allocate: clang places them in the team's shared memory). */
+typedef struct pt_args {
+  const unsigned char *pool;
+  const int32_t *bt;
+  const uint16_t *kres, *vres;
+  const float *q, *kn, *vn;
+  int64_t *dd;
+  float *part_o, *part_ml, *lse;
+  unsigned *cnt;
+  void *out;
+  size_t sub, ksz_off, vcode_off, vsz_off;
+  int64_t nitems, nsplit, split_len, slot0, nslots;
+  float qmul;
+  int rows, HQ, H, D, R, G, TG, NL, MB, layer, gsz, hc, nqc, pe, kb, vb, kw, vw, out_f16;
+} pt_args;
+
+static inline __attribute__((always_inline)) void portable_team(const pt_args *a) {
+  float s_q[KIVI_ATT_QCAP], s_qs[KIVI_ATT_QSCAP], s_bias[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP)];
+  float s_p[KIVI_ATT_PCAP], s_bp[KIVI_ATT_HC * (KIVI_ATT_TILE / KIVI_MIN_GROUP) * 32], s_red[KIVI_ATT_NT];
+  int s_last[1];
+  KIVI_TEAM_SHARED(s_q, s_qs, s_bias, s_p, s_bp, s_red, s_last)
+  float *const s_o = s_qs; /* the V phase's lane partials reuse the K staging area */
+#pragma omp parallel
+  {
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    /* the host fallback may run fewer teams and threads than asked: loop, never assume */
+    for (int64_t item = omp_get_team_num(); item < a->nitems; item += omp_get_num_teams()) {
+      const int64_t sp = item % a->nsplit;
+      const int qc = (int)(item / a->nsplit % a->nqc);
+      const int kvh = (int)(item / (a->nsplit * a->nqc) % a->H);
+      const int64_t r = item / (a->nsplit * a->nqc * a->H);
+      const int64_t s = a->dd[R_SEQ * (int64_t)a->rows + r], Lc = a->dd[R_LC * (int64_t)a->rows + r];
+      const int64_t T = Lc + (a->pe ? a->dd[R_E * (int64_t)a->rows + r] : 0);
+      const int64_t Lk = Lc - Lc % a->R, Lv = Lc > a->R ? Lc - a->R : 0;
+      const int64_t t0 = a->dd[R_BEG * (int64_t)a->rows + r] + sp * a->split_len;
+      const int64_t t1 = t0 + a->split_len < T ? t0 + a->split_len : T;
+      const int n = t1 > t0 ? (int)(t1 - t0) : 0, spl = (int)a->split_len;
+      const int h0 = kvh * a->gsz + qc * a->hc;
+      const int nh = a->gsz - qc * a->hc < a->hc ? a->gsz - qc * a->hc : a->hc;
+      const int32_t *btrow = a->bt + ((size_t)s * a->NL + a->layer) * a->MB;
+      const size_t ring = (((size_t)s * a->NL + a->layer) * a->H + kvh) * (size_t)a->R * a->D;
+      const size_t newrow = (size_t)a->dd[R_NEW * (int64_t)a->rows + r] * a->H + kvh;
+      const float *knew = a->kn ? a->kn + newrow * a->D : NULL, *vnew = a->vn ? a->vn + newrow * a->D : NULL;
+
+      for (int i = tid; i < nh * a->D; i += nth) s_q[i] = a->q[((size_t)r * a->HQ + h0) * a->D + i] * a->qmul;
+#pragma omp barrier
+      /* ---- logits of the split, tile by tile; a tile's quantized key groups are staged
+       * as q * scale (per head, group, channel) and bias = q . zero */
+      for (int tt = 0; tt < n; tt += KIVI_ATT_TILE) {
+        const int nt = n - tt < KIVI_ATT_TILE ? n - tt : KIVI_ATT_TILE;
+        const int64_t tq = Lk - (t0 + tt); /* quantized keys left from the tile start */
+        const int nq = a->kb < 16 ? (tq <= 0 ? 0 : tq < nt ? (int)tq : nt) : 0;
+        const int ngq = nq / a->G;
+        for (int i = tid; i < nh * ngq * a->D; i += nth) {
+          const int d = i % a->D, gi = i / a->D % ngq, hh = i / (a->D * ngq);
+          const int t = (int)(t0 + tt) + gi * a->G; /* positions fit in int: 32-bit division */
+          const unsigned char *sb = kivi_sub_of(a->pool, btrow[t / a->R], a->H, kvh, a->sub);
+          const uint16_t *sc = (const uint16_t *)(sb + a->ksz_off) + (size_t)(t % a->R / a->G) * 2 * a->D;
+          s_qs[(hh * a->TG + gi) * a->D + d] = s_q[hh * a->D + d] * kivi_f16_to_f32(sc[d]);
+        }
+        /* bias = q . zero: 32 partial sums per (head, group), then their sum */
+        for (int i = tid; i < nh * ngq * 32; i += nth) {
+          const int part = i % 32, gi = i / 32 % ngq, hh = i / (32 * ngq);
+          const int t = (int)(t0 + tt) + gi * a->G;
+          const unsigned char *sb = kivi_sub_of(a->pool, btrow[t / a->R], a->H, kvh, a->sub);
+          const uint16_t *zr = (const uint16_t *)(sb + a->ksz_off) + (size_t)(t % a->R / a->G) * 2 * a->D + a->D;
+          float b = 0.0f;
+          for (int d = part; d < a->D; d += 32) b += s_q[hh * a->D + d] * kivi_f16_to_f32(zr[d]);
+          s_bp[i] = b;
+        }
+#pragma omp barrier
+        for (int i = tid; i < nh * ngq; i += nth) {
+          float b = 0.0f;
+          for (int k = 0; k < 32; ++k) b += s_bp[i * 32 + k];
+          s_bias[(i / ngq) * a->TG + i % ngq] = b;
+        }
+#pragma omp barrier
+        /* one thread per token: consecutive threads read consecutive code rows */
+        for (int j = tid; j < nt; j += nth) {
+          const int t = (int)(t0 + tt) + j;
+          float *out_p = s_p + tt + j;
+          if (t < Lk) {
+            const unsigned char *sb = kivi_sub_of(a->pool, btrow[t / a->R], a->H, kvh, a->sub);
+            const uint32_t *row = (const uint32_t *)sb + (size_t)(t % a->R) * a->kw;
+            const float *qs = s_qs + (j / a->G) * a->D;
+            const float *bias = s_bias + j / a->G;
+            switch (a->kb) {
+            case 2: kivi_kdot_codes(row, a->D, 2, qs, a->TG * a->D, bias, a->TG, nh, out_p, spl); break;
+            case 4: kivi_kdot_codes(row, a->D, 4, qs, a->TG * a->D, bias, a->TG, nh, out_p, spl); break;
+            case 8: kivi_kdot_codes(row, a->D, 8, qs, a->TG * a->D, bias, a->TG, nh, out_p, spl); break;
+            default: kivi_kdot_f16((const uint16_t *)row, a->D, s_q, nh, out_p, spl); break;
+            }
+          } else if (t < Lc) {
+            kivi_kdot_f16(a->kres + ring + (size_t)(t % a->R) * a->D, a->D, s_q, nh, out_p, spl);
+          } else {
+            kivi_kdot_f32(knew + (size_t)(t - Lc) * a->H * a->D, a->D, s_q, nh, out_p, spl);
+          }
+        }
+#pragma omp barrier
+      }
+      /* ---- softmax of each head over the split (base 2) */
+      float mh[KIVI_ATT_HC], lh[KIVI_ATT_HC];
+      for (int hh = 0; hh < nh; ++hh) {
+        float *p = s_p + hh * spl;
+        float m = -INFINITY;
+        for (int j = tid; j < n; j += nth) m = fmaxf(m, p[j]);
+        m = kivi_team_reduce(m, 1, s_red, tid, nth);
+        float l = 0.0f;
+        for (int j = tid; j < n; j += nth) {
+          const float e = exp2f(p[j] - m);
+          p[j] = e;
+          l += e;
+        }
+        l = kivi_team_reduce(l, 0, s_red, tid, nth); /* its barriers also publish p */
+        mh[hh] = n > 0 ? m : -INFINITY;
+        lh[hh] = l;
+      }
+      /* ---- weighted values: thread = (token lane, code word); lanes reduced in s_o */
+      const int vcpw = a->vb == 16 ? 2 : 32 / a->vb;
+      const int wstep = nth < a->vw ? nth : a->vw, lanes = nth < a->vw ? 1 : nth / a->vw;
+      const int tl = nth < a->vw ? 0 : tid / a->vw, w0 = nth < a->vw ? tid : tid % a->vw;
+      const int jq = (int)(Lv - t0 <= 0 ? 0 : Lv - t0 < n ? Lv - t0 : n);
+      const int jr = (int)(Lc - t0 <= 0 ? 0 : Lc - t0 < n ? Lc - t0 : n);
+#if !defined(__NVPTX__)
+      if (nth == 1) { /* host threads: one row of values at a time for all heads */
+        float o_host[KIVI_ATT_HC * 256];
+        kivi_vsum_host(a->pool, btrow, a->H, kvh, a->sub, a->vcode_off, a->vsz_off, a->R, a->D, a->G, a->vw, a->vb, a->vres, ring, vnew, Lc, t0, n,
+                       jq, jr, s_p, spl, nh, o_host);
+        for (int hh = 0; hh < nh; ++hh)
+          for (int d = 0; d < a->D; ++d)
+            a->part_o[(((size_t)r * a->HQ + h0 + hh) * a->nslots + a->slot0 + sp) * a->D + d] = o_host[hh * a->D + d];
+      } else
+#endif
+      for (int hh = 0; hh < nh; ++hh) {
+        const float *p = s_p + hh * spl;
+        if (tl < lanes)
+          for (int wi = w0; wi < a->vw; wi += wstep) {
+            float acc[16], z = 0.0f;
+            for (int k = 0; k < vcpw; ++k) acc[k] = 0.0f;
+            switch (a->vb) {
+            case 2: kivi_vacc_codes(a->pool, btrow, a->H, kvh, a->sub, a->vcode_off, a->vsz_off, a->R, a->D, a->G, a->vw, 2, wi, t0, tl, jq, lanes, p, acc, &z); break;
+            case 4: kivi_vacc_codes(a->pool, btrow, a->H, kvh, a->sub, a->vcode_off, a->vsz_off, a->R, a->D, a->G, a->vw, 4, wi, t0, tl, jq, lanes, p, acc, &z); break;
+            case 8: kivi_vacc_codes(a->pool, btrow, a->H, kvh, a->sub, a->vcode_off, a->vsz_off, a->R, a->D, a->G, a->vw, 8, wi, t0, tl, jq, lanes, p, acc, &z); break;
+            default: kivi_vacc_codes(a->pool, btrow, a->H, kvh, a->sub, a->vcode_off, a->vsz_off, a->R, a->D, a->G, a->vw, 16, wi, t0, tl, jq, lanes, p, acc, &z); break;
+            }
+            /* fp16 window and new tokens: the lane's tokens from jq on */
+            const int ja = jq + ((tl - jq) % lanes + lanes) % lanes;
+            for (int j = ja; j < n; j += lanes) {
+              const int t = (int)t0 + j;
+              for (int k = 0; k < vcpw; ++k) {
+                const int d = wi * vcpw + k;
+                const float x = j < jr ? kivi_f16_to_f32(a->vres[ring + (size_t)(t % a->R) * a->D + d])
+                                       : vnew[(size_t)(t - Lc) * a->H * a->D + d];
+                acc[k] += p[j] * x;
+              }
+            }
+            for (int k = 0; k < vcpw; ++k) s_o[tl * a->D + wi * vcpw + k] = acc[k] + z;
+          }
+#pragma omp barrier
+        for (int d = tid; d < a->D; d += nth) {
+          float o = 0.0f;
+          for (int l = 0; l < lanes; ++l) o += s_o[l * a->D + d];
+          a->part_o[(((size_t)r * a->HQ + h0 + hh) * a->nslots + a->slot0 + sp) * a->D + d] = o;
+        }
+#pragma omp barrier
+      }
+      if (tid == 0)
+        for (int hh = 0; hh < nh; ++hh) {
+          const size_t o = (((size_t)r * a->HQ + h0 + hh) * a->nslots + a->slot0 + sp) * 2;
+          a->part_ml[o] = mh[hh];
+          a->part_ml[o + 1] = lh[hh];
+        }
+      /* ---- arrival: the group's last item combines all of its splits */
+#pragma omp flush
+#pragma omp barrier
+      const int64_t grp = (r * a->H + kvh) * a->nqc + qc;
+      if (tid == 0) {
+        unsigned seen;
+#pragma omp atomic capture seq_cst
+        seen = a->cnt[grp]++;
+        s_last[0] = seen == (unsigned)(a->nsplit - 1);
+      }
+#pragma omp barrier
+      if (s_last[0]) {
+#pragma omp flush
+        for (int i = tid; i < nh * a->D; i += nth)
+          kivi_combine_item(((r * a->HQ + h0) * a->D) + i, a->D, a->nslots, a->part_o, a->part_ml, a->out, a->out_f16, a->lse);
+        if (tid == 0) a->cnt[grp] = 0;
+      }
+#pragma omp barrier
+    }
+  }
+}
+#pragma omp end declare target
+
+#define PORTABLE_REGION(...)                                                                                          \
+  KIVI_PRAGMA_X(omp target teams device(dev) num_teams(nteams) thread_limit(nthreads)                                \
+                    is_device_ptr(pool, bt, kres, vres, q, kn, vn, dd, part_o, part_ml, cnt, out, lse) __VA_ARGS__)     \
+  {                                                                                                                   \
+    const pt_args a_ = {pool,  bt,  kres, vres, q,  kn, vn, dd, part_o, part_ml, lse, cnt, out, sub, ksz_off,        \
+                        vcode_off, vsz_off, nitems, nsplit, split_len, slot0, nslots, qmul, rows, HQ, H, D, R, G, TG,  \
+                        NL, MB, layer, gsz, hc, nqc, pe, kb, vb, kw, vw, out_f16};                                     \
+    portable_team(&a_);                                                                                               \
+  }
+
 /* The sink tokens' partials on host threads or through the portable region (the GPU has its own
  * kernel: kivi_gpu_sink_partials).  Item = (row, query head, channel d): the online softmax over
  * the row's sink tokens (at most ns, fp16 in the sink area), logits q . k in fp32 scaled by qmul
@@ -279,9 +490,7 @@ static kivi_status run_rows(kivi_cache *c, int layer, int rows, const int64_t *h
   const int nteams = on_gpu ? (int)(nitems < 65536 ? nitems : 65536) : omp_get_max_threads();
   const int nthreads = on_gpu ? KIVI_ATT_NT : 1;
 
-#define KIVI_REGION_FILE "attention_portable.inc"
-#include "region_twice.inc"
-#undef KIVI_REGION_FILE
+  KIVI_LAUNCH_TWICE(PORTABLE_REGION);
   return KIVI_OK;
 }
 

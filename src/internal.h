@@ -11,7 +11,7 @@
 
 /* Prefix for the project's own hidden helpers; only kivi_* with KIVI_API are exported. */
 #define KIVI_PRAGMA(x) _Pragma(#x)
-/* A pragma whose text is macro-expanded first (clauses such as KIVI_REGION_ASYNC below). */
+/* A pragma whose text is macro-expanded first (clauses a region macro passes on, KIVI_LAUNCH_TWICE below). */
 #define KIVI_PRAGMA_S(...) _Pragma(#__VA_ARGS__)
 #define KIVI_PRAGMA_X(...) KIVI_PRAGMA_S(__VA_ARGS__)
 /* A CUDA-like kernel: KIVI_BARE(teams, threads, clauses) { body } KIVI_REGION_END is the region
@@ -214,7 +214,7 @@ static inline void kivi_lane_deps(kivi_cache *c, int lane, char **a, char **b) {
 }
 /* A region written out twice, chosen at run time by `async` (KIVI_RUN_*): as a region enqueued
  * with nowait and the dependences of the call's lane (kivi_lane_deps), or as a synchronous one
- * (region_twice.inc does the same for the .inc kernels).  REGION(args..., clauses...) is a macro
+ * (a region's clauses are fixed at compile time).  REGION(args..., clauses...) is a macro
  * whose variadic parameters are the run mode's clauses; its arguments are given with a comma
  * after the last (KIVI_LAUNCH_TWICE(GQ_REGION, 64, 2, 2,)), none where it has none
  * (KIVI_LAUNCH_TWICE(SINK_REGION)).  Needs the locals `c`, `async` and `lane`. */
@@ -345,7 +345,7 @@ int kivi_gpu_append_values(kivi_cache *c, int layer, const int64_t *dd, int n, i
 
 /* Rotated caches (rotate.c, kivi_cache_config.rotate).  kivi_rotate_rows: dst = W src for nvec
  * head vectors (rotate != 0), or src converted (rotate = 0), on the cache's device, as a region
- * of the call's run mode and lane (region_twice.inc); src of dtype src_t (f32, f16, bf16), dst
+ * of the call's run mode and lane (KIVI_LAUNCH_TWICE); src of dtype src_t (f32, f16, bf16), dst
  * f32 or f16; in place where src == dst with the same type.  kivi_rotate_host: the same on the
  * host, to fp16. */
 void kivi_rotate_rows(kivi_cache *c, const void *src, kivi_dtype src_t, void *dst, kivi_dtype dst_t, int64_t nvec,

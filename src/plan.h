@@ -8,7 +8,7 @@
 
 #include "internal.h"
 
-/* ---- the portable kernel (attention_portable.inc) */
+/* ---- the portable kernel (attention.c, portable_team) */
 /* Team-shared capacities (floats).  Static shared memory is limited to 48 KiB per team. */
 #define KIVI_ATT_QCAP 1024  /* query heads x head_dim of one item */
 #define KIVI_ATT_TILE 128   /* tokens per K staging tile (a multiple of every G) */
