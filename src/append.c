@@ -484,7 +484,7 @@ int64_t kivi_append_run(kivi_cache *c, const kivi_append_job *j, int async, int 
   unsigned char *pool = c->pool;
   uint16_t *kres = c->kres, *vres = c->vres;
   uint16_t *kst = (uint16_t *)((unsigned char *)j->stage + j->sdesc), *vst = kst + j->f16 / 2;
-  int64_t *flag = j->flag, *arrive = j->arrive, *dd = (int64_t *)j->stage;
+  int64_t *flag = j->flag, *dd = (int64_t *)j->stage;
   const int MB = c->max_blocks, n = j->n_seqs, kbits = c->lay.kb, vbits = c->lay.vb, vclip = c->cfg.v_clip;
   const size_t sub = c->lay.sub_bytes;
   const int ngrp = R / G;
@@ -492,7 +492,6 @@ int64_t kivi_append_run(kivi_cache *c, const kivi_append_job *j, int async, int 
   const int nch8 = D / 8; /* 8-channel chunks of a row: items of kernels 1 and 3, K items of the one-kernel append */
   const size_t ring_lh = (size_t)R * D; /* one (seq, layer, head) ring */
   int64_t flag_out = 0;
-  (void)arrive; /* the one-kernel append's only */
 
   /* Where kernels 2a and 2b read the new tokens: a 16-byte aligned fp16 or bf16 input in device
    * memory directly (`direct`; they check it as they quantize it), any other input from the
@@ -520,6 +519,7 @@ int64_t kivi_append_run(kivi_cache *c, const kivi_append_job *j, int async, int 
   }
 #if KIVI_APPEND_FUSED
   if (j->fused) {
+    int64_t *arrive = j->arrive;
     int32_t *cm = vsc; /* which pairs committed */
     int32_t *vmax = (int32_t *)(c->aflag + NL + KIVI_MAX_ASYNC_LANES) +
                     (size_t)(lane < 0 ? 0 : lane) * KIVI_APPEND_FUSED_SEQS * H * KIVI_XB;

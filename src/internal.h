@@ -229,19 +229,14 @@ static inline void kivi_lane_deps(kivi_cache *c, int lane, char **a, char **b) {
     }                                                                                                                 \
   } while (0)
 /* The same for a region whose synchronous copy also reads a result back (SYNC: the clauses of
- * that copy only, such as map(from : x)): the stream route's copy goes without them (a map from
- * would make its kernel wait). */
+ * that copy only, such as map(from : x)): the stream route takes KIVI_LAUNCH_TWICE's copy
+ * without them (a map from would make its kernel wait). */
 #define KIVI_LAUNCH_READBACK(REGION, ...)                                                                             \
   do {                                                                                                                \
-    char *dep_a, *dep_b; /* named only in depend clauses */                                                           \
-    kivi_lane_deps(c, lane, &dep_a, &dep_b);                                                                          \
-    if (async == KIVI_RUN_ENQUEUE) {                                                                                  \
-      REGION(nowait depend(inout : dep_a[0]) depend(KIVI_DEP_SET : dep_b[0]))                                         \
-    } else if (async == KIVI_RUN_STREAM) {                                                                            \
-      REGION()                                                                                                        \
-    } else {                                                                                                          \
+    if (async == KIVI_RUN_SYNC) {                                                                                     \
       REGION(__VA_ARGS__)                                                                                             \
-    }                                                                                                                 \
+    } else                                                                                                            \
+      KIVI_LAUNCH_TWICE(REGION);                                                                                      \
   } while (0)
 
 static inline int32_t *kivi_bt_row(const kivi_cache *c, int seq, int layer) {
