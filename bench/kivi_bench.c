@@ -3,7 +3,7 @@
  *
  *   kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append]
  *              [--skip-decode] [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts]
- *              [--stack LAYERS] [--stream] [--prompt P]
+ *              [--stack LAYERS] [--stream] [--prompt P [--context C]]
  *
  * Decode: for each (batch B, heads H, context S), D = 128, G = 32, R = 128, MHA, the cache is
  * filled with B sequences of S tokens, then kivi_attention_decode runs with q/out in device
@@ -44,7 +44,8 @@
 static const char bench_usage[] =
     "usage: kivi-bench [--quick] [--json FILE] [--reps N] [--device default|host] [--skip-append] [--skip-decode]\n"
     "                  [--sweep] [--shape B,H,S] [--kv-heads N] [--head-dim D] [--layouts] [--stack LAYERS]\n"
-    "                  [--stream] [--rotate k|v|kv] [--sinks N] [--v-clip] [--v-bits 2|4] [--fp32] [--prompt P] [--help]\n"
+    "                  [--stream] [--rotate k|v|kv] [--sinks N] [--v-clip] [--v-bits 2|4] [--fp32] [--prompt P]\n"
+    "                  [--context C] [--help]\n"
     "                  [--version]\n"
     "Times the decode step and the prefill of the KIVI cache against its fp16 path, checks the\n"
     "results against a double-precision reference, and prints one table line per shape (stdout,\n"
@@ -243,17 +244,13 @@ static void decode_shape(int B, int HQ, int HK, int D, int S, FILE *js, int *fir
   free(out);
 }
 
-/* One extend call of P new tokens (a prompt) on an empty 2-bit cache of attention mode `mode`,
- * HQ query heads over HK kv-heads of head_dim D, inputs in device memory: median seconds of n
- * calls; *err: the largest error of rows 0, P / 2 and P - 1 against the double reference. */
-static double time_prompt(int mode, int HQ, int HK, int D, int P, int n, const float *q, const float *k,
-                          const float *v, double *err, unsigned *kernels) {
-  kivi_cache_config cfg;
-  kivi_cache_config_init(&cfg, 1, HK, D, 1, P);
-  cfg.attention = mode;
-  kivi_cache *c;
-  TRY(kivi_cache_create(ctx, &cfg, &c));
-  const size_t nq = (size_t)P * HQ * D, nk = (size_t)P * HK * D;
+/* P new tokens of sequence 0 through one extend call on cache c, which holds C tokens of it whose
+ * dequantized state is kc, vc ([C][HK][D], double; NULL where C = 0), HQ query heads over HK
+ * kv-heads of head_dim D, inputs in device memory: median seconds of n calls; *err: the largest
+ * error of rows 0, P / 2 and P - 1 against the double reference. */
+static double time_extend(kivi_cache *c, int HQ, int HK, int D, int P, int C, const double *kc, const double *vc, int n,
+                          const float *q, const float *k, const float *v, double *err, unsigned *kernels) {
+  const size_t nq = (size_t)P * HQ * D, nk = (size_t)P * HK * D, nc = (size_t)C * HK * D;
   void *dq, *dk, *dv, *dout;
   TRY(kivi_context_alloc(ctx, nq * 4, &dq));
   TRY(kivi_context_alloc(ctx, nk * 4, &dk));
@@ -275,16 +272,20 @@ static double time_prompt(int mode, int HQ, int HK, int D, int P, int n, const f
   const double med = t[1 + n / 2];
   float *out = malloc(nq * 4);
   TRY(kivi_context_download(ctx, out, dout, nq * 4));
-  double *kd = malloc(sizeof(double) * nk), *vd = malloc(sizeof(double) * nk), *ref = malloc(sizeof(double) * HQ * D);
+  double *kd = malloc(sizeof(double) * (nc + nk)), *vd = malloc(sizeof(double) * (nc + nk)), *ref = malloc(sizeof(double) * HQ * D);
+  for (size_t i = 0; i < nc; ++i) {
+    kd[i] = kc[i];
+    vd[i] = vc[i];
+  }
   for (size_t i = 0; i < nk; ++i) {
-    kd[i] = k[i];
-    vd[i] = v[i];
+    kd[nc + i] = k[i];
+    vd[nc + i] = v[i];
   }
   const int rows[3] = {0, P / 2, P - 1};
   double num = 0, den = 0;
   for (int ri = 0; ri < 3; ++ri) {
     const size_t r = (size_t)rows[ri];
-    ref_attention(rows[ri] + 1, HK, HQ, D, kd, vd, q + r * HQ * D, scale, ref, NULL);
+    ref_attention(C + rows[ri] + 1, HK, HQ, D, kd, vd, q + r * HQ * D, scale, ref, NULL);
     for (int i = 0; i < HQ * D; ++i) {
       num = fmax(num, fabs(out[r * HQ * D + i] - ref[i]));
       den = fmax(den, fabs(ref[i]));
@@ -296,8 +297,34 @@ static double time_prompt(int mode, int HQ, int HK, int D, int P, int n, const f
   kivi_context_free(ctx, dk);
   kivi_context_free(ctx, dv);
   kivi_context_free(ctx, dout);
+  return med;
+}
+
+/* One extend call of P new tokens (a prompt) on an empty 2-bit cache of attention mode `mode`:
+ * time_extend with C = 0. */
+static double time_prompt(int mode, int HQ, int HK, int D, int P, int n, const float *q, const float *k,
+                          const float *v, double *err, unsigned *kernels) {
+  kivi_cache_config cfg;
+  kivi_cache_config_init(&cfg, 1, HK, D, 1, P);
+  cfg.attention = mode;
+  kivi_cache *c;
+  TRY(kivi_cache_create(ctx, &cfg, &c));
+  const double med = time_extend(c, HQ, HK, D, P, 0, NULL, NULL, n, q, k, v, err, kernels);
   kivi_cache_destroy(c);
   return med;
+}
+
+/* Random new tokens for the prompt and chunk tables: q [P][HQ][D], k and v [P][HK][D]. */
+static void new_tokens(int P, int HQ, int HK, int D, float **q, float **k, float **v) {
+  const size_t nq = (size_t)P * HQ * D, nk = (size_t)P * HK * D;
+  *q = malloc(nq * 4);
+  *k = malloc(nk * 4);
+  *v = malloc(nk * 4);
+  for (size_t i = 0; i < nq; ++i) (*q)[i] = urand();
+  for (size_t i = 0; i < nk; ++i) {
+    (*k)[i] = urand() * ((i % D) == 3 ? 8.0f : 1.0f);
+    (*v)[i] = urand() + 0.25f * (float)((i % D) % 5);
+  }
 }
 
 /* The prompt table (--prompt P): the layouts' extend calls, fast and fp32 mode side by side. */
@@ -310,13 +337,8 @@ static void prompt_table(int P, FILE *js) {
   if (js) fprintf(js, "\n  ],\n  \"prompt\": [\n");
   for (int li = 0; li < 3; ++li) {
     const int HQ = lay[li][0], HK = lay[li][1], D = lay[li][2];
-    const size_t nq = (size_t)P * HQ * D, nk = (size_t)P * HK * D;
-    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
-    for (size_t i = 0; i < nq; ++i) q[i] = urand();
-    for (size_t i = 0; i < nk; ++i) {
-      k[i] = urand() * ((i % D) == 3 ? 8.0f : 1.0f);
-      v[i] = urand() + 0.25f * (float)((i % D) % 5);
-    }
+    float *q, *k, *v;
+    new_tokens(P, HQ, HK, D, &q, &k, &v);
     double ef, ep;
     unsigned kf, kp;
     const double tf = time_prompt(KIVI_ATTENTION_FAST, HQ, HK, D, P, reps, q, k, v, &ef, &kf);
@@ -333,12 +355,49 @@ static void prompt_table(int P, FILE *js) {
   }
 }
 
+/* The chunk table (--prompt P --context C): one extend call of P new tokens over a KIVI-2 cache
+ * (G 32, R 128) that holds C tokens of the sequence, for the layouts 32/8 (head_dim 128) and 9/3
+ * (head_dim 64), checked on three rows against the double reference over the cache's exported
+ * (dequantized) state and the new tokens. */
+static void chunk_table(int P, int C, FILE *js) {
+  const int lay[2][3] = {{32, 8, 128}, {9, 3, 64}};
+  printf("\nchunk attention: one extend call of %d new tokens over %d cached tokens (KIVI-2, G 32, R 128), "
+         "inputs fp32 in device memory, median of %d calls\n", P, C, reps);
+  printf("%5s %5s %4s | %10s %9s %6s\n", "HQ", "HK", "D", "ms", "rel_err", "kern");
+  if (js) fprintf(js, "\n  ],\n  \"chunk\": [\n");
+  for (int li = 0; li < 2; ++li) {
+    const int HQ = lay[li][0], HK = lay[li][1], D = lay[li][2];
+    kivi_cache *c = fill(1, HK, D, C, 2, 2, NULL, NULL);
+    size_t n;
+    TRY(kivi_cache_export_seq(c, 0, 0, NULL, &n));
+    unsigned char *e = malloc(n);
+    TRY(kivi_cache_export_seq(c, 0, 0, e, &n));
+    const ref_geom g = {D, HK, 32, 128, 2, 2, sinks_opt, vclip_opt};
+    const size_t nc = (size_t)C * HK * D;
+    double *kc = malloc(sizeof(double) * nc), *vc = malloc(sizeof(double) * nc);
+    ref_dequant_export(&g, C, e, kc, vc);
+    float *q, *k, *v;
+    new_tokens(P, HQ, HK, D, &q, &k, &v);
+    double err;
+    unsigned kern;
+    const double med = time_extend(c, HQ, HK, D, P, C, kc, vc, reps, q, k, v, &err, &kern);
+    printf("%5d %5d %4d | %10.3f %9.2e %#6x\n", HQ, HK, D, med * 1e3, err, kern);
+    if (js)
+      fprintf(js, "%s    {\"tokens\": %d, \"context\": %d, \"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
+                  "\"device\": \"%s\", \"ms\": %.4f, \"kernels\": %u, \"rel_err\": %.3e}",
+              li ? ",\n" : "", P, C, HQ, HK, D, on_gpu ? "gpu" : "host", med * 1e3, kern, err);
+    free(e); free(kc); free(vc);
+    free(q); free(k); free(v);
+    kivi_cache_destroy(c);
+  }
+}
+
 int main(int argc, char **argv) {
   const char *json_path = NULL;
   int quick = 0, device = KIVI_DEVICE_DEFAULT, skip_append = 0, skip_decode = 0, sweep = 0, stack_layers = 0;
   shape one = {0, 0, 0};
   int kv_heads = 0; /* --kv-heads: GQA, query heads = H of the shape */
-  int head_dim = 128, layouts = 0, prompt = 0;
+  int head_dim = 128, layouts = 0, prompt = 0, context = 0;
   const int info_rc = kivi_cli_info(argc, argv, "kivi-bench", kivi_version_string(), bench_usage);
   if (info_rc >= 0) return info_rc;
   for (int i = 1; i < argc; ++i) {
@@ -356,6 +415,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) head_dim = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layouts")) layouts = 1;
     else if (!strcmp(argv[i], "--prompt") && i + 1 < argc && atoi(argv[i + 1]) > 0) prompt = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--context") && i + 1 < argc && atoi(argv[i + 1]) >= 160) context = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--fp32")) attention_opt = KIVI_ATTENTION_FP32;
     else if (!strcmp(argv[i], "--v-clip")) vclip_opt = KIVI_CLIP_MSE;
     else if (!strcmp(argv[i], "--sinks") && i + 1 < argc && atoi(argv[i + 1]) > 0) sinks_opt = atoi(argv[++i]);
@@ -391,8 +451,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (js) fprintf(js, "{\n  \"library\": \"libkivi-omp %s\",\n  \"device\": \"%s\",\n  \"decode\": [\n", kivi_version_string(), dev);
+  if (context && (!prompt || rotate_opt))
+    return kivi_cli_bad("kivi-bench", "--context goes with --prompt and without --rotate, at", "--context");
   if (prompt) { /* the prompt table alone */
-    prompt_table(prompt, js);
+    if (context) chunk_table(prompt, context, js);
+    else prompt_table(prompt, js);
     if (js) {
       fprintf(js, "\n  ]\n}\n");
       fclose(js);

@@ -36,6 +36,11 @@ if [ -x "$b/bench/kivi-bench$E" ]; then
   lines=$(echo "$out" | awk '$1 == 1 && $2 == 6 && $3 == 200 && $NF + 0 < 2e-3' | wc -l)
   { [ $rc -eq 0 ] && [ "$lines" -eq 2 ]; } || { echo "FAIL: kivi-bench --kv-heads 2 --head-dim 64: exit $rc, $lines good lines"; echo "$out"; bad=1; }
   echo "kivi-bench: a GQA shape with head_dim 64, both widths within 2e-3 of the reference"
+  # the chunk table (--prompt P --context C): new tokens over a KIVI-2 cache, both layouts checked
+  out=$("$b/bench/kivi-bench$E" --prompt 40 --context 300 --reps 1 2>/dev/null); rc=$?
+  lines=$(echo "$out" | awk 'NF == 7 && $1 ~ /^[0-9]+$/ && $4 == "|" && $6 + 0 < 2e-3' | wc -l)
+  { [ $rc -eq 0 ] && [ "$lines" -eq 2 ]; } || { echo "FAIL: kivi-bench --prompt 40 --context 300: exit $rc, $lines good lines"; echo "$out"; bad=1; }
+  echo "kivi-bench: a 40-token chunk over 300 cached tokens, both layouts within 2e-3 of the reference"
 fi
 # kivi_throughput on its tiny shape: every cache at batches 1 and 2 (--no-max: on a GPU not also
 # each cache's largest batch), a JSON line per run with tokens/s and the step's parts
