@@ -244,11 +244,11 @@ static void decode_shape(int B, int HQ, int HK, int D, int S, FILE *js, int *fir
   free(out);
 }
 
-/* P new tokens of sequence 0 through one extend call on cache c, which holds C tokens of it whose
- * dequantized state is kc, vc ([C][HK][D], double; NULL where C = 0), HQ query heads over HK
- * kv-heads of head_dim D, inputs in device memory: median seconds of n calls; *err: the largest
- * error of rows 0, P / 2 and P - 1 against the double reference. */
-static double time_extend(kivi_cache *c, int HQ, int HK, int D, int P, int C, const double *kc, const double *vc, int n,
+/* P new tokens of sequence 0 through one extend call on cache c, which holds C tokens of it, HQ
+ * query heads over HK kv-heads of head_dim D, inputs in device memory: median seconds of n calls;
+ * *err: the largest error of rows 0, P / 2 and P - 1 against the double reference over kd, vd
+ * ([C + P][HK][D]: the cache's C tokens dequantized, in double; the new tokens are written here). */
+static double time_extend(kivi_cache *c, int HQ, int HK, int D, int P, int C, double *kd, double *vd, int n,
                           const float *q, const float *k, const float *v, double *err, unsigned *kernels) {
   const size_t nq = (size_t)P * HQ * D, nk = (size_t)P * HK * D, nc = (size_t)C * HK * D;
   void *dq, *dk, *dv, *dout;
@@ -272,11 +272,7 @@ static double time_extend(kivi_cache *c, int HQ, int HK, int D, int P, int C, co
   const double med = t[1 + n / 2];
   float *out = malloc(nq * 4);
   TRY(kivi_context_download(ctx, out, dout, nq * 4));
-  double *kd = malloc(sizeof(double) * (nc + nk)), *vd = malloc(sizeof(double) * (nc + nk)), *ref = malloc(sizeof(double) * HQ * D);
-  for (size_t i = 0; i < nc; ++i) {
-    kd[i] = kc[i];
-    vd[i] = vc[i];
-  }
+  double *ref = malloc(sizeof(double) * HQ * D);
   for (size_t i = 0; i < nk; ++i) {
     kd[nc + i] = k[i];
     vd[nc + i] = v[i];
@@ -292,7 +288,7 @@ static double time_extend(kivi_cache *c, int HQ, int HK, int D, int P, int C, co
     }
   }
   *err = num / den;
-  free(kd); free(vd); free(ref); free(out); free(t);
+  free(ref); free(out); free(t);
   kivi_context_free(ctx, dq);
   kivi_context_free(ctx, dk);
   kivi_context_free(ctx, dv);
@@ -309,7 +305,9 @@ static double time_prompt(int mode, int HQ, int HK, int D, int P, int n, const f
   cfg.attention = mode;
   kivi_cache *c;
   TRY(kivi_cache_create(ctx, &cfg, &c));
-  const double med = time_extend(c, HQ, HK, D, P, 0, NULL, NULL, n, q, k, v, err, kernels);
+  double *kd = malloc(sizeof(double) * P * HK * D), *vd = malloc(sizeof(double) * P * HK * D);
+  const double med = time_extend(c, HQ, HK, D, P, 0, kd, vd, n, q, k, v, err, kernels);
+  free(kd); free(vd);
   kivi_cache_destroy(c);
   return med;
 }
@@ -373,20 +371,20 @@ static void chunk_table(int P, int C, FILE *js) {
     unsigned char *e = malloc(n);
     TRY(kivi_cache_export_seq(c, 0, 0, e, &n));
     const ref_geom g = {D, HK, 32, 128, 2, 2, sinks_opt, vclip_opt};
-    const size_t nc = (size_t)C * HK * D;
-    double *kc = malloc(sizeof(double) * nc), *vc = malloc(sizeof(double) * nc);
-    ref_dequant_export(&g, C, e, kc, vc);
+    const size_t nt = ((size_t)C + P) * HK * D; /* the cache's tokens, then the new ones */
+    double *kd = malloc(sizeof(double) * nt), *vd = malloc(sizeof(double) * nt);
+    ref_dequant_export(&g, C, e, kd, vd);
     float *q, *k, *v;
     new_tokens(P, HQ, HK, D, &q, &k, &v);
     double err;
     unsigned kern;
-    const double med = time_extend(c, HQ, HK, D, P, C, kc, vc, reps, q, k, v, &err, &kern);
+    const double med = time_extend(c, HQ, HK, D, P, C, kd, vd, reps, q, k, v, &err, &kern);
     printf("%5d %5d %4d | %10.3f %9.2e %#6x\n", HQ, HK, D, med * 1e3, err, kern);
     if (js)
       fprintf(js, "%s    {\"tokens\": %d, \"context\": %d, \"n_q_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, "
                   "\"device\": \"%s\", \"ms\": %.4f, \"kernels\": %u, \"rel_err\": %.3e}",
               li ? ",\n" : "", P, C, HQ, HK, D, on_gpu ? "gpu" : "host", med * 1e3, kern, err);
-    free(e); free(kc); free(vc);
+    free(e); free(kd); free(vd);
     free(q); free(k); free(v);
     kivi_cache_destroy(c);
   }
@@ -433,6 +431,8 @@ int main(int argc, char **argv) {
     else
       return kivi_cli_bad("kivi-bench", "unknown option, or a missing or bad value, at", argv[i]);
   }
+  if (context && (!prompt || rotate_opt))
+    return kivi_cli_bad("kivi-bench", "--context goes with --prompt and without --rotate, at", "--context");
   if (reps < 1) reps = 1;
   TRY(kivi_context_create(&ctx, device));
   kivi_context_info info;
@@ -451,8 +451,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (js) fprintf(js, "{\n  \"library\": \"libkivi-omp %s\",\n  \"device\": \"%s\",\n  \"decode\": [\n", kivi_version_string(), dev);
-  if (context && (!prompt || rotate_opt))
-    return kivi_cli_bad("kivi-bench", "--context goes with --prompt and without --rotate, at", "--context");
   if (prompt) { /* the prompt table alone */
     if (context) chunk_table(prompt, context, js);
     else prompt_table(prompt, js);
